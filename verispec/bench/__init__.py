@@ -1,0 +1,1 @@
+"""Benchmarking: prompt sets (workloads), speculative-decoding economics and simulation."""

@@ -1,0 +1,170 @@
+"""When does speculative decoding pay? Closed-form expectations after
+Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
+Decoding" (ICML), section 3.
+
+Symbols:
+  alpha  per-token probability that the target accepts a drafted token, in [0, 1)
+  k      draft length: tokens proposed per target pass (k = 0 is plain decoding)
+  c      draft cost per drafted token, relative to one plain target decode step
+  T(n)   wall time of one target forward over n new positions; T(n)/T(1) is the
+         relative verification cost, ~ 1 + overhead * (n - 1) when linear
+
+One target pass verifying k drafts emits E = (1 - alpha^(k+1)) / (1 - alpha)
+tokens on average and costs k*c + T(k+1)/T(1) plain-decode steps, so the
+expected speedup over plain decoding is E / (k*c + T(k+1)/T(1)).
+
+Cost-profile file (written by `verispec profile`, read by `load_profile`), JSON:
+
+    {"n": [1, 2, ..., N],              # positions verified in one forward pass
+     "seconds": [t1, t2, ..., tN],     # measured wall seconds of that forward
+     "draft_cost_per_token": 0.05}     # optional; RELATIVE cost c (draft seconds
+                                       # per token / t1), not seconds; default 0
+
+`n` must start at 1 and increase strictly; gaps are filled by linear
+interpolation, and beyond N the last two points are extrapolated linearly.
+"""
+from __future__ import annotations
+
+import json
+import math
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def _check_alpha(alpha: float) -> float:
+    if not 0.0 <= alpha < 1.0:
+        raise ValueError(f"alpha must be in [0, 1), got {alpha}")
+    return float(alpha)
+
+
+def _check_k(k: int, name: str = "k") -> int:
+    try:
+        value = operator.index(k)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {k!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _check_cost(name: str, value: float) -> float:
+    if not (value >= 0.0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return float(value)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Mean tokens emitted per target pass: the accepted prefix plus the one
+    token the target always contributes (a correction or the bonus token)."""
+    alpha, k = _check_alpha(alpha), _check_k(k)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cost of one speculative round in units of one plain target decode step.
+
+    Give either `verify_overhead` (T(n)/T(1) = 1 + verify_overhead * (n - 1))
+    or `profile` (T(n)/T(1) for n = 1..N, normalised so profile[0] == 1), not both.
+    """
+
+    draft_cost: float = 0.0
+    verify_overhead: float | None = None
+    profile: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _check_cost("draft_cost", self.draft_cost)
+        if self.verify_overhead is not None and self.profile is not None:
+            raise ValueError("give verify_overhead or profile, not both")
+        if self.verify_overhead is not None:
+            _check_cost("verify_overhead", self.verify_overhead)
+        if self.profile is not None:
+            values = tuple(float(v) for v in self.profile)
+            if len(values) < 2:
+                raise ValueError(f"profile needs at least 2 points (n = 1, 2), got {len(values)}")
+            if not all(v > 0.0 and math.isfinite(v) for v in values):
+                raise ValueError(f"profile values must be finite and > 0, got {values}")
+            object.__setattr__(self, "profile", tuple(v / values[0] for v in values))
+
+    @property
+    def marginal_overhead(self) -> float:
+        """d/dn of T(n)/T(1) for large n: what each extra verified position costs."""
+        if self.profile is None:
+            return self.verify_overhead or 0.0
+        # Noisy timings can dip at the tail; a longer pass is never cheaper.
+        return max(0.0, self.profile[-1] - self.profile[-2])
+
+    def relative_time(self, n: int) -> float:
+        """T(n)/T(1) for a forward over n >= 1 positions."""
+        n = _check_k(n, "n")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if self.profile is None:
+            return 1.0 + (self.verify_overhead or 0.0) * (n - 1)
+        if n <= len(self.profile):
+            return self.profile[n - 1]
+        return self.profile[-1] + self.marginal_overhead * (n - len(self.profile))
+
+    def pass_cost(self, k: int) -> float:
+        """Plain-decode steps spent on one round: k drafts plus a (k+1)-wide verify."""
+        k = _check_k(k)
+        return k * self.draft_cost + self.relative_time(k + 1)
+
+
+def expected_speedup(alpha: float, k: int, cost: CostModel) -> float:
+    """Expected tokens per unit time relative to plain decoding (1.0 = break-even)."""
+    return expected_tokens(alpha, k) / cost.pass_cost(k)
+
+
+@dataclass(frozen=True)
+class OptimalK:
+    k: int
+    speedup: float
+
+
+def optimal_k(alpha: float, cost: CostModel, k_max: int = 32) -> OptimalK:
+    """Best draft length in 0..k_max; ties go to the shorter draft (less waste
+    when alpha is overestimated)."""
+    k_max = _check_k(k_max, "k_max")
+    best = OptimalK(0, expected_speedup(alpha, 0, cost))
+    for k in range(1, k_max + 1):
+        s = expected_speedup(alpha, k, cost)
+        if s > best.speedup:
+            best = OptimalK(k, s)
+    return best
+
+
+def ceiling(cost: CostModel) -> float:
+    """Least upper bound of the speedup over every alpha < 1 and every k.
+
+    As alpha -> 1, E -> k + 1, so the bound is sup_k (k+1) / pass_cost(k). For a
+    linear cost this is max(1, 1 / (c + overhead)), i.e. 1/overhead when c = 0;
+    inf when extra positions are free.
+    """
+    slope = cost.draft_cost + cost.marginal_overhead
+    asymptote = math.inf if slope == 0.0 else 1.0 / slope
+    measured = len(cost.profile) if cost.profile is not None else 1
+    return max(asymptote, max((k + 1) / cost.pass_cost(k) for k in range(measured)))
+
+
+def load_profile(path: str | Path, draft_cost: float | None = None) -> CostModel:
+    """Read a cost-profile JSON (format in the module docstring). `draft_cost`,
+    when given, overrides the file's `draft_cost_per_token`."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or "n" not in data or "seconds" not in data:
+        raise ValueError(f"{path}: expected a JSON object with keys 'n' and 'seconds'")
+    n = np.asarray(data["n"], dtype=float)
+    seconds = np.asarray(data["seconds"], dtype=float)
+    if n.ndim != 1 or n.shape != seconds.shape or n.size < 2:
+        raise ValueError(f"{path}: 'n' and 'seconds' must be equal-length lists of >= 2 numbers")
+    if n[0] != 1 or not np.all(np.diff(n) > 0) or not np.all(n == np.round(n)):
+        raise ValueError(f"{path}: 'n' must be increasing integers starting at 1, got {data['n']}")
+    grid = np.arange(1, int(n[-1]) + 1, dtype=float)
+    profile = tuple(float(v) for v in np.interp(grid, n, seconds))
+    if draft_cost is None:
+        draft_cost = float(data.get("draft_cost_per_token", 0.0))
+    return CostModel(draft_cost=draft_cost, profile=profile)

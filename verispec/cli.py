@@ -1,0 +1,157 @@
+"""`verispec` command line: a thin adapter over the Python API.
+
+Every user error (bad flag, bad value, missing model) exits with code 2 and a
+one-line message; a traceback means a bug in verispec.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+EPILOG = """examples:
+  verispec generate --prompt "Summarize: ..." --chat
+  verispec generate --prompt-file doc.txt --proposer ngram --k 6 --json
+  verispec generate --prompt "Once upon a time" --proposer draft --draft self:12
+  verispec calc --alpha 0.8 --k 4 --verify-overhead 0.1
+"""
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="a local HF model directory or a .gguf file "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
+                   help="auto = bf16 on CUDA or CPUs with AMX/AVX512-BF16, else fp32")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    from .proposers import available
+
+    p.add_argument("--proposer", default="ngram", choices=available(),
+                   help="who guesses the next tokens: ngram (prompt lookup, free), "
+                        "draft (a small model or self:L), none (plain decoding)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per target pass; 0 = plain decoding")
+    p.add_argument("--draft", default=None,
+                   help="for --proposer draft: a model path, or self:L to reuse the "
+                        "target's first L layers (no extra weights)")
+    p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix n-gram to look up")
+    p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 = off")
+    p.add_argument("--seed", type=int, default=None, help="seed of the request's sampler")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="cap on generated tokens")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string (repeatable); the output ends before it")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past EOS")
+
+
+def sampling_from(args):
+    from .config import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          seed=args.seed, max_new_tokens=args.max_new_tokens,
+                          stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def spec_from(args):
+    from .config import SpecConfig
+
+    return SpecConfig(proposer=args.proposer, k=args.k, draft=args.draft,
+                      ngram_min=args.ngram_min, ngram_max=args.ngram_max)
+
+
+def _read_prompt(args) -> str:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise CliError("give --prompt or --prompt-file, not both")
+    if args.prompt_file == "-":
+        return sys.stdin.read()
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise CliError(f"cannot read --prompt-file: {exc.strerror}: {args.prompt_file}")
+    if args.prompt is None:
+        raise CliError("give a prompt with --prompt TEXT or --prompt-file FILE (- for stdin)")
+    return args.prompt
+
+
+def cmd_generate(args) -> int:
+    prompt = _read_prompt(args)
+    sampling, spec = sampling_from(args), spec_from(args)
+    from .api import Engine
+
+    engine = Engine(args.model, dtype=args.dtype, device=args.device)
+    if args.json:
+        result = engine.generate(prompt, sampling, spec, chat=args.chat)
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        return 0
+    stats = None
+    for chunk in engine.stream(prompt, sampling, spec, chat=args.chat):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        stats = chunk.stats
+    sys.stdout.write("\n")
+    print(stats.format_line(), file=sys.stderr if args.stats_to_stderr else sys.stdout)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verispec", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Lossless speculative decoding: a cheap proposer guesses k tokens, the "
+                    "target checks them in one forward pass, and the output is exactly what "
+                    "the target alone would produce.", epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    gen = sub.add_parser(
+        "generate", help="generate text with speculative decoding",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Generate from a prompt and print the text, then one stats line: proposer, "
+                    "k, drafted, accepted, acceptance rate, tau (tokens per target forward), "
+                    "target forwards, tokens/s and the time split.", epilog=EPILOG)
+    gen.add_argument("--prompt", help="the prompt text")
+    gen.add_argument("--prompt-file", help="read the prompt from a file, - for stdin")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object: text, token_ids, finish_reason, stats")
+    gen.add_argument("--stats-to-stderr", action="store_true",
+                     help="print the stats line on stderr, keeping stdout for the text")
+    add_model_args(gen)
+    add_spec_args(gen)
+    add_sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    from .bench.econ_cli import add_subcommands as add_econ
+
+    add_econ(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (CliError, ValueError) as exc:
+        print(f"verispec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Frozen, validated request settings. Every field is checked at construction,
+so a bad value fails with a ValueError before any model work starts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy (argmax); > 0 samples from softmax(logits / T)
+    top_k: int = 0  # keep the k most likely tokens; 0 disables
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 disables
+    seed: int | None = None  # seeds the request's own torch.Generator; None draws a fresh seed
+    max_new_tokens: int = 128  # hard cap on generated tokens, enforced inside an accepted block
+    stop: tuple[str, ...] = ()  # stop strings; output ends at the token that completes one
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks of fixed length)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    proposer: str = "ngram"  # registry name: ngram, draft, none (see verispec.proposers)
+    k: int = 4  # draft tokens per step; 0 means plain decoding
+    draft: str | None = None  # for proposer=draft: a model path, or "self:L" for a layer-skip draft
+    ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
+    ngram_max: int = 4  # longest suffix it tries first
+    extra: dict = field(default_factory=dict, compare=False)  # proposer-specific options
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"k must be >= 0, got {self.k}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(
+                f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if self.proposer == "draft" and not self.draft:
+            raise ValueError("proposer 'draft' needs a draft model: a path or self:L")

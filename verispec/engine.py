@@ -1,0 +1,115 @@
+"""The speculative decoding loop, on token ids only:
+prefill -> propose -> one target forward -> verify -> commit/rollback -> yield.
+
+Cache invariant: between steps the target cache holds every committed token
+but the last one, which is fed first in the next step together with the k
+drafts. Row i of that forward's logits then predicts the token after draft i,
+so one pass verifies all k drafts and yields one more token for free.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .config import SamplingParams, SpecConfig
+from .metrics import Stats, StepRecord
+from .models.base import TargetModel
+from .proposers.base import DraftContext, Proposal, Proposer
+from .rejection import Verdict, verify_greedy, verify_sampling
+from .sampling import logits_to_probs
+from .stopping import Stopper
+
+
+@dataclass
+class Step:
+    tokens: list[int]  # committed this step, in order
+    finish_reason: str | None  # set on the last step: "stop" or "length"
+
+
+def validate_prompt(target: TargetModel, prompt: list[int], sampling: SamplingParams) -> None:
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if min(prompt) < 0 or max(prompt) >= target.vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {target.vocab_size})")
+    need = len(prompt) + sampling.max_new_tokens
+    if need > target.max_context:
+        raise ValueError(
+            f"prompt ({len(prompt)} tokens) + max_new_tokens ({sampling.max_new_tokens}) = "
+            f"{need} exceeds the model's context of {target.max_context} tokens")
+
+
+def speculate(
+    target: TargetModel,
+    prompt: list[int],
+    sampling: SamplingParams,
+    spec: SpecConfig,
+    proposer: Proposer,
+    stopper: Stopper,
+    generator: torch.Generator,
+    stats: Stats,
+) -> Iterator[Step]:
+    validate_prompt(target, prompt, sampling)
+    started = time.perf_counter()
+    cache = target.new_cache()
+    tokens = list(prompt)
+    hidden_layers = proposer.hidden_layers
+    hidden: tuple[torch.Tensor, ...] = ()
+    if len(prompt) > 1:
+        out = target.forward(torch.tensor(prompt[:-1]), cache, num_logits=1,
+                             hidden_layers=hidden_layers)
+        hidden = out.hidden
+    stats.prompt_tokens = len(prompt)
+    stats.time_prefill = time.perf_counter() - started
+    generated: list[int] = []
+
+    while True:
+        # Never draft past max_new_tokens (the bonus token needs one slot) or
+        # past the model's context.
+        budget = min(spec.k, sampling.max_new_tokens - len(generated) - 1,
+                     target.max_context - len(tokens))
+        t0 = time.perf_counter()
+        proposal = Proposal.empty()
+        if budget > 0:
+            proposal = proposer.propose(DraftContext(tokens, len(prompt), hidden), budget)
+        drafts = proposal.tokens[:budget]
+        draft_probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
+        t1 = time.perf_counter()
+
+        feed = torch.cat([torch.tensor([tokens[-1]]), drafts.to(torch.long)])  # [k + 1]
+        out = target.forward(feed, cache, hidden_layers=hidden_layers)  # logits [k + 1, vocab]
+        verdict = _verify(drafts, draft_probs, out.logits, sampling, generator)
+        # Roll back the rejected drafts: keep the fed token and the accepted ones.
+        cache.truncate(len(tokens) + verdict.num_accepted)
+        hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
+        t2 = time.perf_counter()
+
+        committed: list[int] = []
+        reason = None
+        for token in verdict.tokens:
+            committed.append(token)
+            generated.append(token)
+            reason = stopper.check(generated)
+            if reason:
+                break
+        tokens.extend(committed)
+        stats.time_draft += t1 - t0
+        stats.time_verify += t2 - t1
+        stats.record(StepRecord(proposer.name, budget, len(drafts),
+                                verdict.num_accepted, len(committed)))
+        stats.time_total = time.perf_counter() - started
+        if reason:
+            stats.finish_reason = reason
+        yield Step(committed, reason)
+        if reason:
+            return
+
+
+def _verify(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+            sampling: SamplingParams, generator: torch.Generator) -> Verdict:
+    if sampling.greedy:
+        return verify_greedy(drafts, target_logits)
+    target_probs = logits_to_probs(target_logits, sampling)  # [k + 1, vocab]
+    return verify_sampling(drafts, draft_probs, target_probs, generator)

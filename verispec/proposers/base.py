@@ -1,0 +1,79 @@
+"""One proposer interface, one registry.
+
+A proposer is built per request by its registered factory and then asked,
+step after step, for up to k draft tokens that continue the committed context.
+It may return fewer (even none): the engine then verifies only what it got.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from ..config import SamplingParams, SpecConfig
+    from ..models.base import TargetModel
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [k'] int64 with k' <= k
+    draft_probs: torch.Tensor | None = None  # [k', vocab]; None means a one-hot draft
+
+    @staticmethod
+    def empty() -> "Proposal":
+        return Proposal(torch.empty(0, dtype=torch.long))
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class DraftContext:
+    tokens: list[int]  # every committed token: prompt then output
+    num_prompt: int  # how many of `tokens` are the prompt
+    target_hidden: tuple[torch.Tensor, ...] = ()  # hidden states of the last committed
+    # positions, for proposers that read the target's features (EAGLE, Medusa)
+
+
+@dataclass
+class ProposerSetup:
+    """Everything a factory may need to build a proposer for one request."""
+    target: "TargetModel"
+    spec: "SpecConfig"
+    sampling: "SamplingParams"
+    generator: torch.Generator
+    resources: dict = field(default_factory=dict)  # engine-owned shared objects (loaded drafts)
+
+
+class Proposer(ABC):
+    name: str = "?"
+    hidden_layers: tuple[int, ...] = ()  # target hidden states this proposer wants per step
+
+    @abstractmethod
+    def propose(self, ctx: DraftContext, k: int) -> Proposal:
+        """Up to k draft tokens continuing ctx.tokens."""
+
+
+ProposerFactory = Callable[[ProposerSetup], Proposer]
+_REGISTRY: dict[str, ProposerFactory] = {}
+
+
+def register(name: str) -> Callable[[ProposerFactory], ProposerFactory]:
+    def wrap(factory: ProposerFactory) -> ProposerFactory:
+        _REGISTRY[name] = factory
+        return factory
+    return wrap
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build(setup: ProposerSetup) -> Proposer:
+    name = setup.spec.proposer
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown proposer {name!r}; choose one of {', '.join(available())}")
+    return _REGISTRY[name](setup)

@@ -1,0 +1,71 @@
+"""A draft language model (Leviathan et al. 2023): a separate small model, or
+`self:L`, the target's own first L layers with its final norm and LM head
+(a layer-skip self-draft, as in LayerSkip / Draft&Verify).
+
+The draft owns its cache. Instead of replaying the engine's accept/reject
+bookkeeping it keeps the list of tokens its cache has seen and, each step,
+rolls back to the longest common prefix with the committed context. That one
+rule covers partial acceptance, full acceptance (the last draft token and the
+bonus token were never fed) and anything else that rewrites the tail.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..sampling import logits_to_probs, sample
+from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+class DraftModelProposer(Proposer):
+    name = "draft"
+
+    def __init__(self, model, sampling, generator: torch.Generator) -> None:
+        self.model = model
+        self.sampling = sampling
+        self.generator = generator
+        self.cache = model.new_cache()
+        self.seen: list[int] = []
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal:
+        tokens = ctx.tokens
+        # A draft with a shorter context than the target drafts less instead of
+        # failing (llama.cpp #22554).
+        k = min(k, self.model.max_context - len(tokens))
+        if k <= 0:
+            return Proposal.empty()
+        # Keep at least the last token unfed: its logits give the first draft.
+        keep = min(common_prefix(self.seen, tokens), len(tokens) - 1)
+        self.cache.truncate(keep)
+        self.seen = tokens[:]
+        logits = self.model.forward(
+            torch.tensor(tokens[keep:]), self.cache, num_logits=1).logits[-1]
+        drafts: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            if self.sampling.greedy:
+                token = int(logits.argmax())
+            else:
+                dist = logits_to_probs(logits, self.sampling)  # [vocab]
+                token = int(sample(dist, self.generator))
+                probs.append(dist)
+            drafts.append(token)
+            if i + 1 < k:
+                logits = self.model.forward(
+                    torch.tensor([token]), self.cache, num_logits=1).logits[-1]
+                self.seen.append(token)
+        return Proposal(torch.tensor(drafts), torch.stack(probs) if probs else None)
+
+
+@register("draft")
+def _build(setup: ProposerSetup) -> Proposer:
+    model = setup.resources["load_draft"](setup.spec.draft)
+    return DraftModelProposer(model, setup.sampling, setup.generator)

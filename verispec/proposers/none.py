@@ -1,0 +1,16 @@
+"""Plain decoding through the same engine loop: the baseline."""
+from __future__ import annotations
+
+from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+
+
+class NoProposer(Proposer):
+    name = "none"
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal:
+        return Proposal.empty()
+
+
+@register("none")
+def _build(setup: ProposerSetup) -> Proposer:
+    return NoProposer()
