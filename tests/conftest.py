@@ -56,3 +56,15 @@ def default_engine():
     from verispec import Engine
 
     return Engine("default", dtype="fp32")
+
+
+# Near-tie divergences tolerated by the lossless tests, reported at the end of
+# every run so their frequency is visible, never silently absorbed.
+NEAR_TIES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if NEAR_TIES:
+        terminalreporter.write_sep("-", f"lossless: {len(NEAR_TIES)} proven near-tie divergence(s)")
+        for line in NEAR_TIES:
+            terminalreporter.write_line(line)

