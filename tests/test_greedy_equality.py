@@ -173,3 +173,73 @@ def test_bf16_tiny_equality_up_to_proven_near_ties():
             near_ties += comparison.near_tie
     print(f"bf16 tiny: {near_ties} near-tie divergences in {2 * len(PROMPTS)} runs")
     assert near_ties <= len(PROMPTS)
+
+
+class RecordingModel(HFModel):
+    """Records the cache length before every target forward."""
+
+    def __init__(self, inner: HFModel) -> None:
+        super().__init__(inner.model, name=inner.name)
+        self.calls: list[tuple[int, int]] = []  # (cache length before, new positions)
+
+    def forward(self, tokens, cache, *args, **kwargs):
+        self.calls.append((cache.length, int(tokens.shape[0])))
+        return super().forward(tokens, cache, *args, **kwargs)
+
+
+@pytest.mark.parametrize("spec", [SpecConfig("ngram", k=4), SpecConfig("draft", k=5, draft="same"),
+                                  SpecConfig("draft", k=3, draft="random")])
+def test_cache_holds_exactly_the_committed_tokens(engine, tiny, spec):
+    """Before each decode pass the target cache holds every committed token but
+    the last: rejected positions were rolled back, not kept and not reset."""
+    recorder = RecordingModel(tiny)
+    eng = Engine(recorder)
+    eng._drafts.update(engine._drafts)
+    prompt = PROMPTS[3]
+    got = eng.generate(prompt, SamplingParams(max_new_tokens=30), spec)
+    decode_calls = recorder.calls[1:]  # the first call is the prefill
+    committed = len(prompt)
+    assert recorder.calls[0] == (0, len(prompt) - 1)
+    for (length, fed), step in zip(decode_calls, got.stats.steps):
+        assert length == committed - 1
+        assert fed == step.drafted + 1
+        committed += step.emitted
+    assert len(decode_calls) == len(got.stats.steps)
+
+
+@pytest.mark.parametrize("ngram_min, ngram_max, k", [(1, 2, 2), (1, 4, 4), (4, 8, 8),
+                                                     (4, 12, 3), (8, 16, 6)])
+def test_output_identical_across_ngram_settings(ngram_min, ngram_max, k):
+    """As llama.cpp's server tests: draft size settings never change the output."""
+    target = tiny_target(1, layers=1, vocab=12)
+    eng = Engine(target)
+    want = eng.generate([1, 2, 3], SamplingParams(max_new_tokens=50), SpecConfig("none", k=0))
+    got = eng.generate([1, 2, 3], SamplingParams(max_new_tokens=50),
+                       SpecConfig("ngram", k=k, ngram_min=ngram_min, ngram_max=ngram_max))
+    assert got.token_ids == want.token_ids
+
+
+def test_draft_with_shorter_context_than_target(tiny):
+    """A draft whose context ends first stops drafting instead of failing (llama.cpp #22554)."""
+    short = HFModel(tiny.model, name="short-draft")
+    short.max_context = 20
+    eng = Engine(tiny)
+    eng._drafts["short"] = short
+    prompt = PROMPTS[2][:12]
+    want = eng.generate(prompt, SamplingParams(max_new_tokens=24), SpecConfig("none", k=0))
+    got = eng.generate(prompt, SamplingParams(max_new_tokens=24), SpecConfig("draft", k=4,
+                                                                                draft="short"))
+    assert got.token_ids == want.token_ids
+    assert got.stats.steps[-1].drafted == 0 and got.stats.drafted > 0
+
+
+def test_prompt_that_nearly_fills_the_context():
+    """A 56-token prompt in a 64-token context, k = 8: drafting shrinks to fit."""
+    target = tiny_target(0, layers=2, max_positions=64)
+    eng = Engine(target)
+    eng._drafts["same"] = target
+    prompt = list(range(1, 57))
+    want = eng.generate(prompt, SamplingParams(max_new_tokens=8), SpecConfig("none", k=0))
+    got = eng.generate(prompt, SamplingParams(max_new_tokens=8), SpecConfig("draft", k=8,
+                                                                             draft="same"))
+    assert got.token_ids == want.token_ids and len(got.token_ids) == 8
