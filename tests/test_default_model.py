@@ -23,11 +23,6 @@ def mixed_prompts() -> list[tuple[str, list[dict]]]:
     return picked
 
 
-def chat_ids(engine: Engine, messages: list[dict]) -> list[int]:
-    ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_greedy_equality_on_default_model(dtype):
     engine = Engine("default", dtype=dtype)
@@ -35,7 +30,7 @@ def test_greedy_equality_on_default_model(dtype):
     assert len(prompts) >= 20
     copied = 0
     for prompt_id, messages in prompts:
-        ids = chat_ids(engine, messages)
+        ids = engine.encode_messages(messages)
         sampling = SamplingParams(max_new_tokens=NEW_TOKENS)
         want = engine.generate(ids, sampling, SpecConfig("none", k=0))
         for spec in SPECS:

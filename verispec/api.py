@@ -55,17 +55,27 @@ class Engine:
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         if not prompt or not prompt.strip():
             raise ValueError("the prompt is empty")
+        if chat:
+            return self.encode_messages([{"role": "user", "content": prompt}])
         if self.tokenizer is None:
             raise ValueError("this engine has no tokenizer; pass token ids")
-        if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ValueError("this model's tokenizer has no chat template")
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
         return [int(i) for i in self.tokenizer.encode(prompt, add_special_tokens=False)]
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a chat conversation, with the assistant's turn opened."""
+        if not messages:
+            raise ValueError("the messages are empty")
+        if self.tokenizer is None:
+            raise ValueError("this engine has no tokenizer; pass token ids")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template")
+        ids = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        if len(ids) and isinstance(ids[0], (list, tuple)):
+            ids = ids[0]
+        return [int(i) for i in ids]
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

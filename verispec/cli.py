@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.econ_cli import add_subcommands as add_econ
 
     add_econ(sub)
+    from .bench.bench_cli import add_subcommands as add_bench
+    add_bench(sub)
     return parser
 
 

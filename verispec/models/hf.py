@@ -101,6 +101,8 @@ class HFModel(TargetModel):
                 setattr(cfg, key, getattr(cfg, key)[:num_layers])
         shallow_base.config = cfg
         shallow.config = cfg
+        if getattr(self.model, "generation_config", None) is not None:
+            shallow.generation_config = copy.deepcopy(self.model.generation_config)
         shallow._modules[self.model.base_model_prefix] = shallow_base
         return HFModel(shallow, name=f"{self.name}[:{num_layers}]")
 

@@ -1,0 +1,177 @@
+"""`verispec bench` and `verispec profile` on tiny random models: the runner,
+the report's numbers, the files written, and flag errors exiting with 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import CharTokenizer, tiny_target
+from verispec import Engine
+from verispec.bench import bench_cli
+from verispec.bench.economics import expected_tokens, load_profile
+from verispec.bench.peers import parse_peers
+from verispec.bench.runner import BenchPrompt, parse_k_list, verispec_configs
+from verispec.cli import build_parser, main
+from verispec.models.base import TargetModel
+
+
+class ChatCharTokenizer(CharTokenizer):
+    """CharTokenizer plus a chat template that returns a dict, as transformers 5 does."""
+    chat_template = "stub"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + ">"
+        return {"input_ids": self.encode(text), "attention_mask": [1] * len(text)}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(tiny_target(0, layers=4), tokenizer=ChatCharTokenizer())
+
+
+def plan(*argv):
+    return bench_cli.plan_from_args(build_parser().parse_args(["bench", *argv]))
+
+
+def test_k_lists_and_config_labels():
+    assert parse_k_list("1..4") == [1, 2, 3, 4]
+    assert parse_k_list("8,1,2,4,2") == [1, 2, 4, 8]
+    assert parse_k_list("1..2,6") == [1, 2, 6]
+    configs = verispec_configs("none,ngram,self:2", 3, None, sweep=[1, 5])
+    assert [(c.label, c.k) for c in configs] == [
+        ("none", 0), ("ngram k=1", 1), ("ngram k=5", 5), ("self:2 k=1", 1), ("self:2 k=5", 5)]
+    assert configs[0].is_plain and all(c.speculative for c in configs[1:])
+    assert configs[3].spec.proposer == "draft" and configs[3].spec.draft == "self:2"
+    picked = parse_peers("hf-plain,hf-assisted", 4, None)
+    assert [c.label for c in picked.configs] == ["hf-plain"] and "hf-assisted" in picked.notes[0]
+
+
+def test_bench_runs_reports_and_writes_files(engine, tmp_path):
+    p = plan("--workload", "chat", "--limit", "2", "--proposer", "none,ngram",
+             "--peers", "hf-plain,hf-pld", "--k", "3", "--max-new-tokens", "12")
+    out = bench_cli.execute(engine, p, tmp_path, progress=False)
+    rows = {r.config: r for r in out.rows}
+    assert list(rows) == ["none", "ngram", "hf-plain", "hf-pld"]
+    assert len(out.records) == 2 * 4 and all(r.tokens == 12 for r in out.records)
+
+    ngram = rows["ngram"]
+    runs = [r for r in out.records if r.config == "ngram"]
+    assert ngram.alpha == pytest.approx(sum(r.accepted for r in runs) / sum(r.drafted for r in runs))
+    assert ngram.tau == pytest.approx(24 / sum(r.target_forwards for r in runs))
+    if ngram.alpha < 1:
+        assert ngram.expected_tau == pytest.approx(expected_tokens(ngram.alpha, 3))
+    assert sum(ngram.time_split.values()) == pytest.approx(1.0)
+    assert rows["none"].tau == pytest.approx(1.0) and rows["none"].alpha is None
+    # The speedup reference is hf-plain, and its ratio to itself is exactly 1.
+    assert rows["hf-plain"].speedup == 1.0 and ngram.reference == "hf-plain"
+    assert ngram.speedup > 0 and rows["hf-pld"].alpha is None
+
+    # fp32 tiny model: every greedy run equals plain decoding exactly.
+    for label in ("ngram", "hf-plain", "hf-pld"):
+        assert rows[label].vs_plain.identical == 2 and rows[label].vs_plain.mismatch == 0
+    assert rows["none"].vs_plain.checked == 0  # the reference is not compared with itself
+    assert rows["ngram"].vs_hf_plain.identical == 2 and rows["hf-plain"].vs_hf_plain.checked == 0
+
+    for name in ("results.json", "report.md", "tau_vs_alpha.png", "time_split.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert {"cpu", "cores", "torch_threads", "torch", "transformers", "dtype", "device",
+            "model", "command"} <= set(data["environment"])
+    record = data["records"][1]
+    assert {"workload", "prompt_id", "config", "k", "tokens", "seconds", "tokens_per_s",
+            "drafted", "accepted", "target_forwards", "time_split", "vs_plain"} <= set(record)
+    assert "| ngram | 3 |" in out.markdown and "### chat (2 prompts)" in out.markdown
+    assert out.markdown in (tmp_path / "report.md").read_text()
+
+
+def test_sweep_on_pretokenized_prompts_without_tokenizer(tmp_path):
+    bare = Engine(tiny_target(1, layers=2), tokenizer=None)
+    prompts = [BenchPrompt("p0", "code-edit", tuple([3, 17, 4, 9, 3, 17, 4] * 3)),
+               BenchPrompt("p1", "code-edit", tuple(range(10, 30)))]
+    p = plan("--workload", "code-edit", "--proposer", "none,ngram,self:1", "--sweep-k", "1,3",
+             "--peers", "none", "--max-new-tokens", "10")
+    out = bench_cli.execute(bare, p, tmp_path, progress=False, prompts=prompts)
+    assert [(s.name, s.ks) for s in out.sweeps] == [("ngram", [1, 3]), ("self:1", [1, 3])]
+    assert all(s.best_k in (1, 3) for s in out.sweeps)
+    # No hf-plain: speedups are over verispec's plain loop.
+    assert all(r.reference == "none" for r in out.rows)
+    assert all(r.vs_plain.mismatch == 0 for r in out.rows)
+    assert (tmp_path / "speedup_vs_k.png").exists() and "### k sweep" in out.markdown
+
+
+class OtherBackend(TargetModel):
+    """A non-transformers backend: it has no `.model` to hand to HF generate."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        for attr in ("vocab_size", "max_context", "eos_token_ids", "num_layers",
+                     "hidden_size", "dtype", "device"):
+            setattr(self, attr, getattr(inner, attr))
+        self.name = "other"
+
+    def new_cache(self):
+        return self._inner.new_cache()
+
+    def forward(self, tokens, cache, positions=None, mask=None, num_logits=None, hidden_layers=()):
+        return self._inner.forward(tokens, cache, positions, mask, num_logits, hidden_layers)
+
+
+def test_peers_are_skipped_with_a_note_on_another_backend(tmp_path):
+    other = Engine(OtherBackend(tiny_target(2, layers=1)), tokenizer=ChatCharTokenizer())
+    p = plan("--workload", "chat", "--limit", "1", "--proposer", "none,ngram",
+             "--peers", "hf-plain", "--max-new-tokens", "6")
+    out = bench_cli.execute(other, p, tmp_path, progress=False)
+    assert [r.config for r in out.rows] == ["none", "ngram"]
+    assert out.rows[1].reference == "none" and "peers skipped" in out.markdown
+
+
+def test_hf_assisted_with_a_layer_skip_draft(engine, tmp_path):
+    p = plan("--workload", "chat", "--limit", "1", "--proposer", "none", "--draft", "self:2",
+             "--peers", "hf-plain,hf-assisted", "--max-new-tokens", "8")
+    out = bench_cli.execute(engine, p, tmp_path, progress=False)
+    rows = {r.config: r for r in out.rows}
+    assert rows["hf-assisted"].tokens == 8 and rows["hf-assisted"].vs_plain.identical == 1
+    # The assistant's private settings never leak into the target's generate.
+    assert engine.target.model.generation_config.num_assistant_tokens_schedule != "constant"
+
+
+def test_profile_writes_a_loadable_cost_profile(engine, tmp_path):
+    result, path, figure = bench_cli.run_profile(
+        engine, context=48, max_n=6, repeats=2, draft="self:1", out=tmp_path / "p.json",
+        bandwidth_mb=8)
+    cost = load_profile(path)
+    assert len(cost.profile) == 6 and cost.profile[0] == 1.0
+    assert cost.draft_cost == pytest.approx(result.draft_cost_per_token) and cost.draft_cost > 0
+    data = json.loads(path.read_text())
+    assert data["n"] == [1, 2, 3, 4, 5, 6] and data["context"] == 48
+    assert data["weight_bytes"] > 0 and data["bandwidth_bytes_per_s"] > 0
+    assert figure.exists() and figure.suffix == ".png"
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--workload", "nope"],
+    ["bench", "--k", "-1"],
+    ["bench", "--proposer", "ngram,telepathy"],
+    ["bench", "--limit", "0"],
+    ["bench", "--proposer", "draft"],
+    ["bench", "--sweep-k", "0..3"],
+    ["bench", "--peers", "vllm"],
+    ["profile", "--max-n", "1"],
+    ["profile", "--repeats", "0"],
+])
+def test_bad_flags_exit_2_with_one_line(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"verispec {argv[0]}: error:") and "\n" not in err
+
+
+@pytest.mark.slow
+def test_cli_bench_on_the_default_model(tmp_path, capsys):
+    argv = ["bench", "--limit", "1", "--max-new-tokens", "16", "--workload", "chat",
+            "--proposer", "none,ngram", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    assert "| ngram | 4 |" in capsys.readouterr().out
+    data = json.loads((tmp_path / "results.json").read_text())
+    ngram = next(r for r in data["records"] if r["config"] == "ngram")
+    assert ngram["vs_plain"] in ("identical", "near-tie")

@@ -1,0 +1,133 @@
+"""Baselines from `transformers` itself, run in the same process on the same
+model object, dtype and prompt ids as verispec, so a speedup is measured
+against the stack people would otherwise use, not against our own slow path.
+
+  hf-plain     model.generate(do_sample=False): the reference for speedups
+  hf-pld       prompt lookup decoding, prompt_lookup_num_tokens=k (Saxena 2023)
+  hf-assisted  assisted generation with a draft model (Leviathan et al. 2023)
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingParams
+from .runner import PEER, BenchConfig
+
+PEERS: dict[str, str] = {
+    "hf-plain": "transformers generate, greedy",
+    "hf-pld": "transformers prompt lookup decoding (prompt_lookup_num_tokens=k)",
+    "hf-assisted": "transformers assisted generation with --draft as assistant_model",
+}
+
+
+@dataclass
+class PeerSelection:
+    configs: list[BenchConfig]
+    notes: list[str]  # why a requested peer was left out
+
+
+@dataclass
+class PeerOutput:
+    token_ids: list[int]
+    seconds: float
+    finish_reason: str
+
+
+def parse_peers(text: str, k: int, draft: str | None) -> PeerSelection:
+    """`hf-plain,hf-pld` -> peer configs; `none` or an empty string -> no peers."""
+    names: list[str] = []
+    for name in (t.strip() for t in text.split(",")):
+        if not name or name == "none" or name in names:
+            continue
+        if name not in PEERS:
+            raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEERS)} or none")
+        names.append(name)
+    configs, notes = [], []
+    for name in names:
+        if name == "hf-assisted" and not draft:
+            notes.append("hf-assisted skipped: it needs a draft model, give --draft PATH")
+            continue
+        peer_k = 0 if name == "hf-plain" else k
+        configs.append(BenchConfig(name, PEER, name, peer_k, peer=name))
+    return PeerSelection(configs, notes)
+
+
+def hf_model_of(target):
+    """The transformers model behind a TargetModel, or None for other backends."""
+    model = getattr(target, "model", None)
+    return model if model is not None and hasattr(model, "generate") else None
+
+
+class PeerRunner:
+    def __init__(self, engine, draft: str | None = None) -> None:
+        self.engine = engine
+        self.model = hf_model_of(engine.target)
+        if self.model is None:
+            raise ValueError(f"HF peers need a transformers model; {engine.target.name} "
+                             "is another backend (use --peers none)")
+        self.draft = draft
+        self._assistant = None
+        gen = self.model.generation_config
+        eos = sorted(engine.target.eos_token_ids)
+        pad = getattr(gen, "pad_token_id", None)
+        # A pad id only silences generate's warning: batch size 1 never pads.
+        self.pad_token_id = pad if pad is not None else (eos[0] if eos else 0)
+
+    def assistant(self):
+        """The draft as a transformers model, with a constant draft length of k:
+        HF's default schedule grows and shrinks it, which is a different algorithm."""
+        if self._assistant is None:
+            model = hf_model_of(self.engine.load_draft(self.draft))
+            if model is None:
+                raise ValueError(f"hf-assisted: draft {self.draft} is not a transformers model")
+            # self:L shares the target's module objects; a private generation config
+            # keeps the assistant's settings off the target.
+            model.generation_config = copy.deepcopy(model.generation_config)
+            model.generation_config.num_assistant_tokens_schedule = "constant"
+            # No early exit on low draft confidence: verispec drafts all k tokens too.
+            model.generation_config.assistant_confidence_threshold = 0.0
+            self._assistant = model
+        return self._assistant
+
+    def _kwargs(self, config: BenchConfig, sampling: SamplingParams) -> dict:
+        n = sampling.max_new_tokens
+        kwargs: dict = {"max_new_tokens": n, "pad_token_id": self.pad_token_id,
+                        "do_sample": not sampling.greedy}
+        if sampling.ignore_eos:
+            kwargs["min_new_tokens"] = n
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k,
+                          top_p=sampling.top_p)
+        if config.peer == "hf-pld":
+            kwargs["prompt_lookup_num_tokens"] = config.k
+        elif config.peer == "hf-assisted":
+            assistant = self.assistant()
+            assistant.generation_config.num_assistant_tokens = config.k
+            kwargs["assistant_model"] = assistant
+        elif config.peer != "hf-plain":
+            raise ValueError(f"unknown peer {config.peer!r}")
+        return kwargs
+
+    @torch.inference_mode()
+    def run(self, config: BenchConfig, ids: list[int], sampling: SamplingParams) -> PeerOutput:
+        kwargs = self._kwargs(config, sampling)
+        device = self.engine.target.device
+        input_ids = torch.tensor([ids], device=device)
+        mask = torch.ones_like(input_ids)
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = self.model.generate(input_ids, attention_mask=mask, **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+        new = [int(t) for t in out[0, len(ids):].tolist()]
+        eos = self.engine.target.eos_token_ids
+        reason = "stop" if new and new[-1] in eos and not sampling.ignore_eos else "length"
+        return PeerOutput(new, seconds, reason)

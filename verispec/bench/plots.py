@@ -1,0 +1,102 @@
+"""PNG figures of a bench run, drawn with matplotlib's Agg backend (no display)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+
+from .report import Row, SweepRow  # noqa: E402
+
+_PARTS = ("prefill", "draft", "verify", "other")
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def speedup_vs_k(path: str | Path, sweeps: Sequence[SweepRow]) -> Path | None:
+    """One panel per workload, one line per proposer; y is the speedup when a
+    reference ran, else tokens/s."""
+    if not sweeps:
+        return None
+    workloads = list(dict.fromkeys(s.workload for s in sweeps))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.4), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        for s in (s for s in sweeps if s.workload == workload):
+            relative = all(v is not None for v in s.speedup)
+            ax.plot(s.ks, s.speedup if relative else s.tokens_per_s, marker="o", label=s.name)
+            ax.set_ylabel("speedup" if relative else "tokens/s")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_title(workload)
+        ax.set_xlabel("k (draft tokens per target pass)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def tau_vs_alpha(path: str | Path, rows: Sequence[Row]) -> Path | None:
+    """Measured tau against alpha, one point per workload x config, over the
+    i.i.d. curve E = (1 - alpha^(k+1)) / (1 - alpha) for each k used: points
+    below their curve mean rejections cluster (early tokens fail more often)."""
+    points = [r for r in rows if r.alpha is not None and r.tau is not None and r.k > 0]
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(5.6, 4.2))
+    grid = np.linspace(0.0, 0.999, 200)
+    ks = sorted({r.k for r in points})
+    cmap = plt.get_cmap("viridis", max(2, len(ks)))
+    for i, k in enumerate(ks):
+        ax.plot(grid, (1 - grid ** (k + 1)) / (1 - grid), color=cmap(i), lw=1, label=f"E, k={k}")
+    markers = dict(zip(dict.fromkeys(r.workload for r in points), "osD^v<>ph*"))
+    for workload, marker in markers.items():
+        ax.scatter([], [], marker=marker, color="white", edgecolor="black", label=workload)
+    for r in points:
+        ax.scatter(r.alpha, r.tau, color=cmap(ks.index(r.k)), marker=markers[r.workload],
+                   edgecolor="black", zorder=3)
+        # Labels stay readable only for a handful of points; a sweep has many.
+        if len(points) <= 12:
+            ax.annotate(r.name, (r.alpha, r.tau), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_xlabel("alpha (accepted / drafted)")
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0.9, max(ks) + 1.1)
+    ax.legend(fontsize=7, loc="upper left")
+    return _save(fig, path)
+
+
+def time_split(path: str | Path, rows: Sequence[Row]) -> Path | None:
+    """Where verispec's time goes, as stacked fractions per workload x config."""
+    bars = [r for r in rows if r.time_split]
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(bars) + 2), 4.2))
+    x = np.arange(len(bars))
+    bottom = np.zeros(len(bars))
+    for part in _PARTS:
+        values = np.array([r.time_split[part] for r in bars])
+        ax.bar(x, values, bottom=bottom, label=part)
+        bottom += values
+    ax.set_xticks(x, [f"{r.workload}\n{r.config}" for r in bars], rotation=60, ha="right",
+                  fontsize=7)
+    ax.set_ylabel("fraction of generate time")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.5, 1.12))
+    return _save(fig, path)
+
+
+def draw_all(out_dir: str | Path, rows: Sequence[Row], sweeps: Sequence[SweepRow]) -> list[Path]:
+    out = Path(out_dir)
+    made = [speedup_vs_k(out / "speedup_vs_k.png", sweeps),
+            tau_vs_alpha(out / "tau_vs_alpha.png", rows),
+            time_split(out / "time_split.png", rows)]
+    return [p for p in made if p is not None]

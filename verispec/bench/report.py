@@ -1,0 +1,220 @@
+"""From raw per-prompt records to the numbers a reader compares: one row per
+workload and configuration, a k-sweep table, Markdown and JSON.
+
+Aggregation rules (each chosen so a short, noisy run still means something):
+  tokens/s  median over prompts: one slow prompt (a GC pause, a neighbour)
+            does not move it
+  speedup   median of per-prompt ratios against the reference on the same
+            prompt, so prompt difficulty cancels before aggregation
+  alpha     total accepted / total drafted (a pooled rate, not a mean of rates)
+  tau       total generated / total target forwards
+  E         (1 - alpha^(k+1)) / (1 - alpha), what tau would be if acceptances
+            were i.i.d. with rate alpha (Leviathan et al. 2023, eq. 1)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .economics import expected_tokens
+from .runner import PEER, BenchConfig, RunRecord
+
+
+@dataclass
+class Equality:
+    identical: int = 0
+    near_tie: int = 0
+    mismatch: int = 0
+
+    @property
+    def checked(self) -> int:
+        return self.identical + self.near_tie + self.mismatch
+
+    def add(self, status: str | None) -> None:
+        if status == "identical":
+            self.identical += 1
+        elif status == "near-tie":
+            self.near_tie += 1
+        elif status == "mismatch":
+            self.mismatch += 1
+
+
+@dataclass
+class Row:
+    workload: str
+    config: str
+    name: str
+    kind: str
+    k: int
+    prompts: int
+    tokens: int  # total new tokens over the prompts
+    tokens_per_s: float  # median over prompts
+    speedup: float | None  # median per-prompt ratio over `reference`
+    reference: str | None
+    alpha: float | None
+    tau: float | None
+    expected_tau: float | None
+    time_split: dict[str, float] | None  # fractions of verispec's own total time
+    vs_plain: Equality = field(default_factory=Equality)
+    vs_hf_plain: Equality = field(default_factory=Equality)
+
+
+@dataclass
+class SweepRow:
+    workload: str
+    name: str
+    ks: list[int]
+    tokens_per_s: list[float]
+    tau: list[float | None]
+    speedup: list[float | None]
+    best_k: int
+
+
+def reference_label(configs: Sequence[BenchConfig]) -> str | None:
+    """hf-plain when it ran, else verispec's own plain loop, else nothing."""
+    labels = [c.label for c in configs]
+    if "hf-plain" in labels:
+        return "hf-plain"
+    return next((c.label for c in configs if c.is_plain), None)
+
+
+def _expected(alpha: float | None, k: int) -> float | None:
+    if alpha is None or k < 1:
+        return None
+    return float(k + 1) if alpha >= 1.0 else expected_tokens(alpha, k)
+
+
+def _row(workload: str, config: BenchConfig, records: list[RunRecord],
+         reference: dict[str, RunRecord] | None, ref_label: str | None) -> Row:
+    speedup = None
+    if reference is not None:
+        ratios = [r.tokens_per_s / reference[r.prompt_id].tokens_per_s for r in records
+                  if r.prompt_id in reference and reference[r.prompt_id].tokens_per_s > 0]
+        speedup = statistics.median(ratios) if ratios else None
+    alpha = tau = split = None
+    if config.kind != PEER:
+        drafted = sum(r.drafted or 0 for r in records)
+        forwards = sum(r.target_forwards or 0 for r in records)
+        alpha = sum(r.accepted or 0 for r in records) / drafted if drafted else None
+        tau = sum(r.tokens for r in records) / forwards if forwards else None
+        total = sum(r.time_split.total for r in records if r.time_split)
+        if total > 0:
+            split = {part: sum(getattr(r.time_split, part) for r in records if r.time_split) / total
+                     for part in ("prefill", "draft", "verify", "other")}
+    row = Row(workload, config.label, config.name, config.kind, config.k, len(records),
+              sum(r.tokens for r in records), statistics.median(r.tokens_per_s for r in records),
+              speedup, ref_label, alpha, tau, _expected(alpha, config.k), split)
+    for r in records:
+        row.vs_plain.add(r.vs_plain)
+        row.vs_hf_plain.add(r.vs_hf_plain)
+    return row
+
+
+def summarize(records: Sequence[RunRecord], configs: Sequence[BenchConfig]) -> list[Row]:
+    ref_label = reference_label(configs)
+    workloads = list(dict.fromkeys(r.workload for r in records))
+    rows = []
+    for workload in workloads:
+        mine = [r for r in records if r.workload == workload]
+        reference = ({r.prompt_id: r for r in mine if r.config == ref_label}
+                     if ref_label is not None else None)
+        for config in configs:
+            runs = [r for r in mine if r.config == config.label]
+            if runs:
+                rows.append(_row(workload, config, runs, reference, ref_label))
+    return rows
+
+
+def sweep(rows: Sequence[Row], configs: Sequence[BenchConfig]) -> list[SweepRow]:
+    """Per workload and speculative proposer, the metrics by k and the best
+    static k (by speedup when a reference ran, else by tokens/s)."""
+    names = list(dict.fromkeys(c.name for c in configs if c.speculative))
+    out = []
+    for workload in dict.fromkeys(r.workload for r in rows):
+        for name in names:
+            mine = sorted((r for r in rows if r.workload == workload and r.name == name
+                           and r.kind != PEER), key=lambda r: r.k)
+            if len(mine) < 2:
+                continue
+            score = [r.speedup if r.speedup is not None else r.tokens_per_s for r in mine]
+            best = mine[max(range(len(mine)), key=score.__getitem__)].k
+            out.append(SweepRow(workload, name, [r.k for r in mine],
+                                [r.tokens_per_s for r in mine], [r.tau for r in mine],
+                                [r.speedup for r in mine], best))
+    return out
+
+
+def _f(value: float | None, fmt: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _equality(eq: Equality) -> str:
+    if not eq.checked:
+        return "–"
+    cell = f"{eq.identical}/{eq.checked}"
+    if eq.near_tie:
+        cell += f", {eq.near_tie} tie"
+    if eq.mismatch:
+        cell += f", **{eq.mismatch} diff**"
+    return cell
+
+
+def _split(split: dict[str, float] | None) -> str:
+    if not split:
+        return "–"
+    return "/".join(f"{100 * split[p]:.0f}" for p in ("prefill", "draft", "verify", "other"))
+
+
+def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequence[str] = ()) -> str:
+    ref = next((r.reference for r in rows if r.reference), None)
+    lines: list[str] = []
+    header = ("| config | k | tok/s | speedup | alpha | tau | E[tau] | time % pre/draft/verify/other "
+              "| = plain | = hf-plain |")
+    for workload in dict.fromkeys(r.workload for r in rows):
+        mine = [r for r in rows if r.workload == workload]
+        lines += [f"### {workload} ({mine[0].prompts} prompts)", "", header,
+                  "|" + "---|" * header.count(" | ") + "---|"]
+        for r in mine:
+            lines.append(
+                f"| {r.config} | {r.k or '–'} | {r.tokens_per_s:.1f} | {_f(r.speedup, '.2f', 'x')} "
+                f"| {_f(r.alpha)} | {_f(r.tau)} | {_f(r.expected_tau)} | {_split(r.time_split)} "
+                f"| {_equality(r.vs_plain)} | {_equality(r.vs_hf_plain)} |")
+        lines.append("")
+    if sweeps:
+        ks = sorted({k for s in sweeps for k in s.ks})
+        head = "| workload | proposer | metric | " + " | ".join(f"k={k}" for k in ks) + " | best k |"
+        lines += ["### k sweep", "", head, "|" + "---|" * (len(ks) + 4)]
+        for s in sweeps:
+            for metric, values, fmt in (("tok/s", s.tokens_per_s, ".1f"), ("tau", s.tau, ".2f"),
+                                        ("speedup", s.speedup, ".2f")):
+                if all(v is None for v in values):
+                    continue
+                by_k = dict(zip(s.ks, values))
+                cells = " | ".join(_f(by_k.get(k), fmt) for k in ks)
+                lines.append(f"| {s.workload} | {s.name} | {metric} | {cells} | {s.best_k} |")
+        lines.append("")
+    lines.append(f"tok/s: median over prompts. speedup: median per-prompt ratio over "
+                 f"{ref or '(no reference run)'}. alpha = accepted/drafted; tau = tokens per "
+                 "target forward; E[tau] = (1-alpha^(k+1))/(1-alpha). = plain: runs identical to "
+                 "verispec's plain loop (none) / compared; a tie is a proven near-tie.")
+    lines += [f"note: {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(path: str | Path, records: Sequence[RunRecord], rows: Sequence[Row],
+               sweeps: Sequence[SweepRow], environment: dict, settings: dict,
+               notes: Sequence[str] = ()) -> Path:
+    def record(r: RunRecord) -> dict:
+        d = asdict(r)
+        d["tokens_per_s"] = r.tokens_per_s
+        return d
+
+    payload = {"environment": environment, "settings": settings, "notes": list(notes),
+               "records": [record(r) for r in records],
+               "summary": [asdict(r) for r in rows], "sweep": [asdict(s) for s in sweeps]}
+    path = Path(path)
+    path.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,304 @@
+"""The benchmark loop: which configurations run, on which token ids, in what
+order, and the raw per-prompt record each run leaves behind.
+
+Every configuration sees exactly the same prompt ids (the chat template is
+applied once, here), and runs are interleaved per prompt so that machine drift
+(thermal throttling, a noisy neighbour) hits every configuration alike instead
+of whichever happened to run last.
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import torch
+from tqdm import tqdm
+
+from ..config import SamplingParams, SpecConfig
+from ..engine import validate_prompt
+from ..lossless import compare_greedy
+from .workloads import Prompt
+
+VERISPEC = "verispec"
+PEER = "peer"
+_WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One column of the benchmark: a verispec SpecConfig or a named peer.
+
+    New proposers (EAGLE, Medusa, adaptive k) need no change here: they are a
+    registry name inside a SpecConfig, and `extra` carries their options.
+    """
+    label: str  # unique within a run; the report's row name
+    kind: str  # VERISPEC or PEER
+    name: str  # the proposer token the user typed (ngram, self:8, none) or the peer name
+    k: int = 0
+    spec: SpecConfig | None = None  # set when kind == VERISPEC
+    peer: str | None = None  # set when kind == PEER
+
+    @property
+    def is_plain(self) -> bool:
+        """verispec's own plain loop: the reference of the greedy-equality check."""
+        return self.kind == VERISPEC and self.spec is not None and self.spec.proposer == "none"
+
+    @property
+    def speculative(self) -> bool:
+        return self.kind == VERISPEC and not self.is_plain
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """A prompt after tokenization: what every configuration is fed."""
+    id: str
+    workload: str
+    ids: tuple[int, ...]
+
+
+@dataclass
+class TimeSplit:
+    prefill: float = 0.0
+    draft: float = 0.0
+    verify: float = 0.0
+    other: float = 0.0
+    total: float = 0.0
+
+
+@dataclass
+class RunRecord:
+    workload: str
+    prompt_id: str
+    config: str  # BenchConfig.label
+    kind: str
+    k: int
+    prompt_tokens: int
+    tokens: int  # new tokens produced
+    seconds: float  # wall time of the whole call, prefill included, timed from outside
+    finish_reason: str = ""
+    drafted: int | None = None  # verispec only; peers expose no draft statistics
+    accepted: int | None = None
+    target_forwards: int | None = None
+    time_split: TimeSplit | None = None  # verispec's own timers, in seconds
+    token_ids: list[int] = field(default_factory=list)
+    # Greedy equality: "identical", "near-tie", "mismatch"; None for the
+    # reference itself, for a run without that reference, or when sampling.
+    vs_plain: str | None = None
+    vs_plain_at: int | None = None  # first divergent token index
+    vs_hf_plain: str | None = None
+    vs_hf_plain_at: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def parse_k_list(text: str) -> list[int]:
+    """`1..10`, `1,2,4,8` or a mix (`1..4,8`) -> sorted distinct k values >= 1."""
+    values: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            if ".." in part:
+                low, high = (int(x) for x in part.split("..", 1))
+                if low > high:
+                    raise ValueError
+                values.update(range(low, high + 1))
+            else:
+                values.add(int(part))
+        except ValueError:
+            raise ValueError(f"--sweep-k: cannot read {part!r}; write e.g. 1..10 or 1,2,4,8") from None
+    if not values:
+        raise ValueError(f"--sweep-k: no k in {text!r}")
+    if min(values) < 1:
+        raise ValueError(f"--sweep-k: k must be >= 1, got {min(values)}")
+    return sorted(values)
+
+
+def proposer_spec(token: str, k: int, draft: str | None) -> SpecConfig:
+    """The SpecConfig a command-line proposer token stands for."""
+    from .. import proposers
+
+    if token == "none":
+        return SpecConfig(proposer="none", k=0)
+    if token.startswith("self:"):
+        layers = token.split(":", 1)[1]
+        if not layers.isdigit() or int(layers) < 1:
+            raise ValueError(f"proposer {token!r}: self:L needs a whole number of layers >= 1")
+        return SpecConfig(proposer="draft", k=k, draft=token)
+    if token not in proposers.available():
+        raise ValueError(f"unknown proposer {token!r}; choose from none, self:L, "
+                         f"{', '.join(p for p in proposers.available() if p != 'none')}")
+    if token == "draft" and not draft:
+        raise ValueError("proposer 'draft' needs --draft PATH (or use self:L)")
+    return SpecConfig(proposer=token, k=k, draft=draft)
+
+
+def verispec_configs(text: str, k: int, draft: str | None,
+                     sweep: Sequence[int] | None = None) -> list[BenchConfig]:
+    """Configs for `--proposer none,ngram,self:8`; with a sweep every
+    speculative proposer runs at each k instead of at `k`."""
+    if k < 1:
+        raise ValueError(f"--k must be >= 1, got {k} (use --proposer none for plain decoding)")
+    tokens: list[str] = []
+    for token in (t.strip() for t in text.split(",")):
+        if token and token not in tokens:
+            tokens.append(token)
+    if not tokens:
+        raise ValueError(f"--proposer: no proposer named in {text!r}")
+    configs: list[BenchConfig] = []
+    for token in tokens:
+        if proposer_spec(token, k, draft).proposer == "none":
+            configs.append(BenchConfig(token, VERISPEC, token, 0, proposer_spec(token, 0, draft)))
+            continue
+        for kk in (sweep or [k]):
+            label = f"{token} k={kk}" if sweep else token
+            configs.append(BenchConfig(label, VERISPEC, token, kk, proposer_spec(token, kk, draft)))
+    return configs
+
+
+def encode_prompts(engine, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[BenchPrompt]:
+    """Tokenize once and check every prompt fits before any timing starts, so a
+    long document fails the run in a second, not after an hour."""
+    encoded = []
+    for prompt in prompts:
+        ids = engine.encode_messages(list(prompt.messages))
+        try:
+            validate_prompt(engine.target, ids, sampling)
+        except ValueError as exc:
+            raise ValueError(f"prompt {prompt.id}: {exc}") from None
+        encoded.append(BenchPrompt(prompt.id, prompt.workload, tuple(ids)))
+    return encoded
+
+
+def _sync(device: torch.device) -> None:
+    # CUDA kernels run asynchronously; without a sync the clock stops too early.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Runner:
+    """Runs one (prompt, config) pair and returns its RunRecord."""
+
+    def __init__(self, engine, sampling: SamplingParams, peers=None) -> None:
+        self.engine = engine
+        self.sampling = sampling
+        self.peers = peers  # a peers.PeerRunner, or None when no peer is benchmarked
+        self.device = engine.target.device
+
+    def run(self, prompt: BenchPrompt, config: BenchConfig,
+            sampling: SamplingParams | None = None) -> RunRecord:
+        sampling = sampling or self.sampling
+        gc.collect()
+        if config.kind == PEER:
+            if self.peers is None:
+                raise ValueError(f"peer {config.label} needs a PeerRunner")
+            out = self.peers.run(config, list(prompt.ids), sampling)
+            return RunRecord(prompt.workload, prompt.id, config.label, config.kind, config.k,
+                             len(prompt.ids), len(out.token_ids), out.seconds,
+                             token_ids=out.token_ids, finish_reason=out.finish_reason)
+        _sync(self.device)
+        start = time.perf_counter()
+        result = self.engine.generate(list(prompt.ids), sampling, config.spec)
+        _sync(self.device)
+        seconds = time.perf_counter() - start
+        s = result.stats
+        split = TimeSplit(s.time_prefill, s.time_draft, s.time_verify, s.time_other, s.time_total)
+        return RunRecord(prompt.workload, prompt.id, config.label, config.kind, config.k,
+                         len(prompt.ids), len(result.token_ids), seconds, result.finish_reason,
+                         s.drafted, s.accepted, s.target_forwards, split, list(result.token_ids))
+
+
+def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig]) -> None:
+    """One short untimed generation per config: loads drafts, fills allocator
+    pools and lets one-time kernel selection happen outside the clock."""
+    short = replace(runner.sampling, max_new_tokens=min(_WARMUP_TOKENS, runner.sampling.max_new_tokens))
+    for config in configs:
+        runner.run(prompt, config, short)
+
+
+def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[BenchConfig],
+              progress: bool = True, warmup: bool = True) -> list[RunRecord]:
+    if not prompts or not configs:
+        raise ValueError("nothing to run: no prompts or no configurations")
+    if warmup:
+        warm_up(runner, prompts[0], configs)
+    records: list[RunRecord] = []
+    bar = tqdm(total=len(prompts) * len(configs), file=sys.stderr, unit="run",
+               desc="bench", disable=not progress, dynamic_ncols=True)
+    with bar:
+        for i, prompt in enumerate(prompts):
+            # Rotate the order per prompt so no config always runs first after a
+            # prompt change (cold caches) or right after the most expensive one.
+            shift = i % len(configs)
+            for config in list(configs[shift:]) + list(configs[:shift]):
+                bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {config.label}", refresh=False)
+                records.append(runner.run(prompt, config))
+                bar.update()
+    order = {c.label: n for n, c in enumerate(configs)}
+    position = {p.id: n for n, p in enumerate(prompts)}
+    records.sort(key=lambda r: (position[r.prompt_id], order[r.config]))
+    return records
+
+
+def check_equality(target, prompts: Sequence[BenchPrompt], records: list[RunRecord],
+                   configs: Sequence[BenchConfig], hf_plain: str | None = "hf-plain") -> None:
+    """Fill vs_plain / vs_hf_plain of every greedy record in place.
+
+    Only the common length is compared (HF generate and a stop can end a run
+    early); a difference is classified by `compare_greedy`, which recomputes
+    the plain logits at the first divergence to tell a near-tie from a bug.
+    """
+    plain_label = next((c.label for c in configs if c.is_plain), None)
+    ids = {p.id: list(p.ids) for p in prompts}
+    by_key = {(r.prompt_id, r.config): r for r in records}
+    for reference, attr in ((plain_label, "vs_plain"), (hf_plain, "vs_hf_plain")):
+        if reference is None:
+            continue
+        for record in records:
+            ref = by_key.get((record.prompt_id, reference))
+            if ref is None or record is ref:
+                continue
+            cmp = compare_greedy(target, ids[record.prompt_id], ref.token_ids, record.token_ids)
+            status = "identical" if cmp.identical else "near-tie" if cmp.near_tie else "mismatch"
+            setattr(record, attr, status)
+            setattr(record, attr + "_at", cmp.diverged_at)
+
+
+def environment(engine) -> dict:
+    """Where a number was measured: enough to tell two machines' results apart."""
+    import os
+    import platform
+    import shlex
+    from datetime import datetime, timezone
+
+    import transformers
+
+    from .. import __version__
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    target = engine.target
+    config = getattr(target, "config", None)
+    device = torch.device(target.device)
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "verispec": __version__, "python": platform.python_version(),
+        "platform": platform.platform(), "dtype": str(target.dtype).replace("torch.", ""),
+        "device": str(device), "model": target.name,
+        "model_path": getattr(config, "_name_or_path", None),
+        "command": shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
