@@ -68,3 +68,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", f"lossless: {len(NEAR_TIES)} proven near-tie divergence(s)")
         for line in NEAR_TIES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def tiny_native(tmp_path_factory):
+    """The same weights as `tiny`, on verispec's native Llama backend."""
+    from verispec.models.llama import NativeLlama
+
+    folder = tmp_path_factory.mktemp("tiny-native")
+    tiny_llama(0, layers=4).save_pretrained(folder)
+    return NativeLlama.from_dir(folder, dtype=torch.float32)

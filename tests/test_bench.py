@@ -110,8 +110,8 @@ class OtherBackend(TargetModel):
             setattr(self, attr, getattr(inner, attr))
         self.name = "other"
 
-    def new_cache(self):
-        return self._inner.new_cache()
+    def new_cache(self, capacity=None):
+        return self._inner.new_cache(capacity)
 
     def forward(self, tokens, cache, positions=None, mask=None, num_logits=None, hidden_layers=()):
         return self._inner.forward(tokens, cache, positions, mask, num_logits, hidden_layers)

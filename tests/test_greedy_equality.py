@@ -3,6 +3,8 @@ identical to plain greedy decoding, for every proposer and k, and EOS, stop
 strings and max_new_tokens hold inside an accepted block."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -20,11 +22,17 @@ SPECS = {
 }
 
 
+@pytest.fixture(scope="module", params=["hf", "native"])
+def target(request, tiny, tiny_native):
+    """The same tiny weights on each backend: every suite below runs on both."""
+    return tiny if request.param == "hf" else tiny_native
+
+
 @pytest.fixture(scope="module")
-def engine(tiny):
-    engine = Engine(tiny, tokenizer=CharTokenizer())
+def engine(target):
+    engine = Engine(target, tokenizer=CharTokenizer())
     # A same-model draft accepts everything; a random one almost nothing.
-    engine._drafts["same"] = tiny
+    engine._drafts["same"] = target
     engine._drafts["random"] = tiny_target(99, layers=1)
     return engine
 
@@ -55,12 +63,12 @@ def test_plain_loop_matches_transformers_generate(engine, tiny):
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("name", list(SPECS))
-def test_greedy_equality(engine, tiny, name, k):
+def test_greedy_equality(engine, target, name, k):
     spec = SpecConfig(proposer=SPECS[name].proposer, draft=SPECS[name].draft, k=k)
     for prompt in PROMPTS:
         want = plain(engine, prompt)
         got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
-        comparison = compare_greedy(tiny, prompt, want.token_ids, got.token_ids)
+        comparison = compare_greedy(target, prompt, want.token_ids, got.token_ids)
         assert comparison.identical, comparison.describe()
         assert got.stats.generated == 32
         if name == "same-model":
@@ -82,21 +90,21 @@ def test_ngram_accepts_on_repetitive_model():
     assert got.stats.target_forwards < want.stats.target_forwards
 
 
-def _eos_engine(tiny, eos: int) -> Engine:
-    model = HFModel(tiny.model, name="tiny-eos")
+def _eos_engine(target, eos: int) -> Engine:
+    model = copy.copy(target)  # shares the weights, not the EOS set
     model.eos_token_ids = frozenset({eos})
     engine = Engine(model, tokenizer=CharTokenizer())
     engine._drafts["same"] = model
     return engine
 
 
-def test_eos_inside_an_accepted_block(engine, tiny):
+def test_eos_inside_an_accepted_block(engine, target):
     prompt = PROMPTS[0]
     free = plain(engine, prompt, 40).token_ids
     eos_index = 9
     eos = free[eos_index]
     cut = free.index(eos)  # the first time that token appears
-    eos_engine = _eos_engine(tiny, eos)
+    eos_engine = _eos_engine(target, eos)
     want = eos_engine.generate(prompt, SamplingParams(max_new_tokens=40), SpecConfig("none", k=0))
     got = eos_engine.generate(prompt, SamplingParams(max_new_tokens=40),
                               SpecConfig("draft", k=8, draft="same"))
@@ -175,24 +183,25 @@ def test_bf16_tiny_equality_up_to_proven_near_ties():
     assert near_ties <= len(PROMPTS)
 
 
-class RecordingModel(HFModel):
-    """Records the cache length before every target forward."""
+def recording(inner):
+    """A copy of `inner` that records the cache length before every forward."""
+    model = copy.copy(inner)
+    model.calls = []  # (cache length before, new positions)
 
-    def __init__(self, inner: HFModel) -> None:
-        super().__init__(inner.model, name=inner.name)
-        self.calls: list[tuple[int, int]] = []  # (cache length before, new positions)
+    def forward(tokens, cache, *args, **kwargs):
+        model.calls.append((cache.length, int(tokens.shape[0])))
+        return type(inner).forward(model, tokens, cache, *args, **kwargs)
 
-    def forward(self, tokens, cache, *args, **kwargs):
-        self.calls.append((cache.length, int(tokens.shape[0])))
-        return super().forward(tokens, cache, *args, **kwargs)
+    model.forward = forward
+    return model
 
 
 @pytest.mark.parametrize("spec", [SpecConfig("ngram", k=4), SpecConfig("draft", k=5, draft="same"),
                                   SpecConfig("draft", k=3, draft="random")])
-def test_cache_holds_exactly_the_committed_tokens(engine, tiny, spec):
+def test_cache_holds_exactly_the_committed_tokens(engine, target, spec):
     """Before each decode pass the target cache holds every committed token but
     the last: rejected positions were rolled back, not kept and not reset."""
-    recorder = RecordingModel(tiny)
+    recorder = recording(target)
     eng = Engine(recorder)
     eng._drafts.update(engine._drafts)
     prompt = PROMPTS[3]
@@ -219,11 +228,11 @@ def test_output_identical_across_ngram_settings(ngram_min, ngram_max, k):
     assert got.token_ids == want.token_ids
 
 
-def test_draft_with_shorter_context_than_target(tiny):
+def test_draft_with_shorter_context_than_target(target):
     """A draft whose context ends first stops drafting instead of failing (llama.cpp #22554)."""
-    short = HFModel(tiny.model, name="short-draft")
+    short = copy.copy(target)
     short.max_context = 20
-    eng = Engine(tiny)
+    eng = Engine(target)
     eng._drafts["short"] = short
     prompt = PROMPTS[2][:12]
     want = eng.generate(prompt, SamplingParams(max_new_tokens=24), SpecConfig("none", k=0))

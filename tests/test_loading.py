@@ -14,6 +14,7 @@ from verispec import Engine
 from verispec.cli import main
 from verispec.models import loading
 from verispec.models.hf import HFModel
+from verispec.models.llama import NativeLlama
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +80,22 @@ def test_bad_model_paths(tmp_path):
         loading.resolve_model_dir(str(tmp_path))
 
 
-def test_local_directory_engine(small_model_dir):
-    engine = Engine(str(small_model_dir), dtype="fp32")
-    assert isinstance(engine.target, HFModel) and engine.tokenizer is not None
-    got = engine.generate("hello there", spec=None)
+def test_local_directory_engine_on_both_backends(small_model_dir):
+    hf = Engine(str(small_model_dir), dtype="fp32", backend="hf")
+    native = Engine(str(small_model_dir), dtype="fp32")  # auto picks native for Llama
+    assert isinstance(hf.target, HFModel) and hf.tokenizer is not None
+    assert isinstance(native.target, NativeLlama) and native.backend == "native"
+    want = hf.generate("hello there", spec=None)
+    got = native.generate("hello there", spec=None)
     assert len(got.token_ids) == 128 and got.stats.generated == 128
+    assert got.token_ids == want.token_ids
+
+
+def test_backend_errors(small_model_dir):
+    with pytest.raises(ValueError, match="unknown backend"):
+        Engine(str(small_model_dir), backend="tpu")
+    with pytest.raises(ValueError, match="needs the native backend"):
+        Engine(str(small_model_dir), backend="hf", batch_invariant=True)
 
 
 def test_cli_generate_json(capsys, small_model_dir):

@@ -12,8 +12,8 @@ from .config import SamplingParams, SpecConfig
 from .engine import Step, speculate, validate_prompt
 from .metrics import Stats
 from .models.base import TargetModel
-from .models.hf import HFModel
-from .models.loading import DEFAULT_MODEL, load_hf
+from .models.llama import NativeLlama
+from .models.loading import DEFAULT_MODEL, load_target
 from .proposers.base import ProposerSetup
 from .sampling import make_generator
 from .stopping import Stopper, held_back, trim_at_stop
@@ -41,14 +41,21 @@ class Chunk:
 
 class Engine:
     def __init__(self, model: str | TargetModel | None = DEFAULT_MODEL, tokenizer=None,
-                 dtype: str | torch.dtype | None = None, device: str | None = None) -> None:
+                 dtype: str | torch.dtype | None = None, device: str | None = None,
+                 backend: str = "auto", batch_invariant: bool = False) -> None:
+        """`model`: a path (HF directory or .gguf), "default", or a TargetModel.
+        `backend`: native (verispec's Llama-family forward), hf (transformers),
+        or auto (native where supported)."""
         if isinstance(model, TargetModel):
             self.target = model
             self.tokenizer = tokenizer
+            self.backend = "native" if isinstance(model, NativeLlama) else "hf"
         else:
-            loaded = load_hf(model, dtype=dtype, device=device)
-            self.target = HFModel(loaded.model, name=loaded.source)
+            loaded = load_target(model, backend=backend, dtype=dtype, device=device,
+                                 batch_invariant=batch_invariant)
+            self.target = loaded.target
             self.tokenizer = tokenizer or loaded.tokenizer
+            self.backend = loaded.backend
         self._drafts: dict[str, TargetModel] = {}
 
     # -- text edges ---------------------------------------------------------
@@ -95,8 +102,9 @@ class Engine:
                 raise ValueError(f"{self.target.name} cannot make a layer-skip draft")
             draft = self.target.truncated(int(layers))
         else:
-            loaded = load_hf(source, dtype=self.target.dtype, device=str(self.target.device))
-            draft = HFModel(loaded.model, name=source)
+            loaded = load_target(source, backend="auto" if self.backend == "native" else "hf",
+                                 dtype=self.target.dtype, device=str(self.target.device))
+            draft = loaded.target
             self._check_vocab(draft, loaded.tokenizer, source)
         self._drafts[source] = draft
         return draft

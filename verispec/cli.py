@@ -29,6 +29,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
                    help="auto = bf16 on CUDA or CPUs with AMX/AVX512-BF16, else fp32")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
+                   help="native = verispec's fast Llama-family forward; hf = transformers "
+                        "(any model); auto = native where supported")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="native only: every position's logits are bit-identical whether "
+                        "computed alone or in a verification block (bf16 greedy = plain, bit for bit)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -92,7 +98,8 @@ def cmd_generate(args) -> int:
     sampling, spec = sampling_from(args), spec_from(args)
     from .api import Engine
 
-    engine = Engine(args.model, dtype=args.dtype, device=args.device)
+    engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+                    batch_invariant=args.batch_invariant)
     if args.json:
         result = engine.generate(prompt, sampling, spec, chat=args.chat)
         print(json.dumps(result.to_dict(), ensure_ascii=False))

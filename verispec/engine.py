@@ -53,7 +53,7 @@ def speculate(
 ) -> Iterator[Step]:
     validate_prompt(target, prompt, sampling)
     started = time.perf_counter()
-    cache = target.new_cache()
+    cache = target.new_cache(capacity=len(prompt) + sampling.max_new_tokens)
     tokens = list(prompt)
     hidden_layers = proposer.hidden_layers
     hidden: tuple[torch.Tensor, ...] = ()

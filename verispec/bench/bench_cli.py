@@ -101,14 +101,15 @@ def _report_md(env: dict, plan: BenchPlan, table: str, files: list[Path]) -> str
 
 
 def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
-            prompts: list[BenchPrompt] | None = None) -> BenchOutcome:
+            prompts: list[BenchPrompt] | None = None, peer_engine=None) -> BenchOutcome:
     """Run a plan on a loaded engine and write results.json, report.md and the
     plots to `out_dir`. `prompts` replaces the workload files (pre-tokenized)."""
     if prompts is None:
         raw = [p for name in plan.workloads for p in load_workload(name, plan.limit)]
         prompts = encode_prompts(engine, raw, plan.sampling)
     notes = list(plan.notes)
-    peers = _peer_runner(engine, plan, notes)
+    # Peers run transformers' generate, so a native target brings an HF twin of itself.
+    peers = _peer_runner(peer_engine or engine, plan, notes)
     configs = [c for c in plan.configs if peers is not None or c.kind != PEER]
     records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress)
     if plan.sampling.greedy:
@@ -151,8 +152,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out_dir = _make_dir(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"), "--out")
     from ..api import Engine
 
-    engine = Engine(args.model, dtype=args.dtype, device=args.device)
-    outcome = execute(engine, plan, out_dir, progress=not args.no_progress)
+    engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+                    batch_invariant=args.batch_invariant)
+    peer_engine = None
+    if engine.backend != "hf" and any(c.kind == PEER for c in plan.configs):
+        peer_engine = Engine(args.model, dtype=args.dtype, device=args.device, backend="hf")
+    outcome = execute(engine, plan, out_dir, progress=not args.no_progress,
+                      peer_engine=peer_engine)
     print(outcome.markdown, end="")
     print(f"verispec bench: results in {outcome.out_dir}/ "
           f"({', '.join(p.name for p in outcome.files)})", file=sys.stderr)
@@ -192,7 +198,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from ..api import Engine
     from .profile import format_profile
 
-    engine = Engine(args.model, dtype=args.dtype, device=args.device)
+    engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+                    batch_invariant=args.batch_invariant)
     result, out, figure = run_profile(engine, args.context, args.max_n, args.repeats,
                                       args.draft, args.out, args.plot)
     print(format_profile(result, f"verispec profile: {engine.target.name} "

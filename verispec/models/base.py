@@ -43,8 +43,9 @@ class TargetModel(ABC):
     name: str  # for stats and error messages
 
     @abstractmethod
-    def new_cache(self) -> KVCache:
-        """An empty cache for one request."""
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty cache for one request; `capacity` is a hint of the most
+        positions it will hold (static caches size their buffers by it)."""
 
     @abstractmethod
     def forward(

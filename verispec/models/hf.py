@@ -29,6 +29,49 @@ class HFCache:
             # release that has crop(); a positive one means different things across them.
             self.kv.crop(-extra)
 
+    @torch.inference_mode()
+    def compact(self, keep: torch.Tensor, start: int | None = None) -> None:
+        """Keep positions [0, start) and then the positions in `keep`, in order.
+
+        `keep` holds absolute positions, strictly increasing, all in [start,
+        length); start defaults to keep[0]. Afterwards position start + j holds
+        what keep[j] held and length == start + len(keep): the contract of
+        StaticKVCache.compact(start, keep), whose arguments come in the other
+        order, so callers serving both pass them by keyword.
+
+        Tree verification calls this once a path is accepted: the path's nodes
+        were forwarded at RoPE positions start + depth, so the compacted cache
+        equals one built by forwarding the kept tokens alone as a chain.
+        """
+        keep = keep.flatten().to(torch.long)
+        length = self.length
+        count = keep.numel()
+        if start is None:
+            start = int(keep[0]) if count else length
+        if not 0 <= start <= length:
+            raise ValueError(f"compact start {start} outside the cached range [0, {length}]")
+        if count:
+            lo, hi = int(keep[0]), int(keep[-1])
+            if lo < start or hi >= length:
+                raise ValueError(f"compact keeps positions in [{lo}, {hi}], outside [{start}, {length})")
+            if count > 1 and not bool((keep[1:] > keep[:-1]).all()):
+                raise ValueError("compact needs strictly increasing positions")
+        layers = [layer for layer in self.kv.layers if layer.is_initialized]
+        if any(getattr(layer, "is_sliding", False) for layer in layers):
+            # A sliding layer stores a window, not absolute positions; checked before any write.
+            raise NotImplementedError("compacting a sliding-window cache layer is not supported")
+        if count and int(keep[-1]) - int(keep[0]) == count - 1 and int(keep[0]) == start:
+            self.truncate(start + count)
+            return
+        for layer in layers:
+            index = keep.to(layer.keys.device)
+            # Advanced indexing gathers into a fresh tensor before the write, so
+            # sources the write overlaps are read first.
+            layer.keys[..., start:start + count, :] = layer.keys[..., index, :]
+            layer.values[..., start:start + count, :] = layer.values[..., index, :]
+            layer.keys = layer.keys[..., : start + count, :]
+            layer.values = layer.values[..., : start + count, :]
+
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
     # transformers 5.x renamed past_key_values to cache; take whichever forward accepts.
@@ -51,7 +94,7 @@ class HFModel(TargetModel):
         self.eos_token_ids = frozenset(_eos_ids(model))
         self._cache_kw = _cache_kwarg(model)
 
-    def new_cache(self) -> HFCache:
+    def new_cache(self, capacity: int | None = None) -> HFCache:
         return HFCache(self.config)
 
     @torch.inference_mode()

@@ -148,3 +148,45 @@ def load_hf(source: str | None, dtype: str | torch.dtype | None = None,
     if any((folder / name).exists() for name in _TOKENIZER_FILES):
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return LoadedModel(model=model, tokenizer=tokenizer, source=source or DEFAULT_MODEL)
+
+
+BACKENDS = ("auto", "native", "hf")
+
+
+@dataclass
+class LoadedTarget:
+    target: "object"  # a TargetModel
+    tokenizer: "object | None"
+    backend: str  # the backend actually used: "native" or "hf"
+
+
+def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dtype | None = None,
+                device: str | None = None, batch_invariant: bool = False) -> LoadedTarget:
+    """A TargetModel for `source`. auto picks the native Llama-family backend
+    where it supports the architecture and falls back to transformers."""
+    from transformers import AutoTokenizer
+
+    from .hf import HFModel
+    from .llama import NativeLlama
+
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    folder = resolve_model_dir(source)
+    config = json.loads((folder / "config.json").read_text())
+    native_ok = NativeLlama.supports(config)
+    if backend == "native" and not native_ok:
+        raise ValueError(f"the native backend does not support model_type "
+                         f"{config.get('model_type')!r}; use --backend hf")
+    if backend == "hf" or not native_ok:
+        if batch_invariant:
+            raise ValueError("--batch-invariant needs the native backend")
+        loaded = load_hf(str(folder), dtype=dtype, device=device)
+        return LoadedTarget(HFModel(loaded.model, name=source or DEFAULT_MODEL),
+                            loaded.tokenizer, "hf")
+    dev = resolve_device(device)
+    target = NativeLlama.from_dir(folder, dtype=resolve_dtype(dtype, dev), device=dev,
+                                  batch_invariant=batch_invariant)
+    tokenizer = None
+    if any((folder / name).exists() for name in _TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return LoadedTarget(target, tokenizer, "native")

@@ -39,7 +39,8 @@ class DraftModelProposer(Proposer):
         tokens = ctx.tokens
         # A draft with a shorter context than the target drafts less instead of
         # failing (llama.cpp #22554).
-        k = min(k, self.model.max_context - len(tokens))
+        limit = getattr(self.cache, "capacity", None) or self.model.max_context
+        k = min(k, limit - len(tokens))
         if k <= 0:
             return Proposal.empty()
         # Keep at least the last token unfed: its logits give the first draft.

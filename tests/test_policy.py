@@ -1,0 +1,256 @@
+"""The adaptive-k controller on synthetic acceptances and step times: no models."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from verispec.bench.economics import CostModel, expected_speedup, expected_tokens, optimal_k
+from verispec.policy import (
+    AdaptiveK,
+    StepObservation,
+    best_node_budget,
+    expected_tokens_per_pass,
+)
+
+T1 = 0.02  # simulated seconds of one plain decode step
+MAX_K = 12
+NGRAM = CostModel(draft_cost=0.0, verify_overhead=0.05)
+DRAFT = CostModel(draft_cost=0.1, verify_overhead=0.05)
+# A GPU-like measured shape: flat while memory-bound, then a knee.
+PROFILE = CostModel(draft_cost=0.02, profile=(1.0, 1.01, 1.02, 1.03, 1.05, 1.08, 1.15, 1.3,
+                                               1.45, 1.6, 1.75, 1.9, 2.05, 2.2))
+
+
+@dataclass
+class Outcome:
+    obs: StepObservation
+    tokens: int
+    seconds: float
+
+
+class World:
+    """Synthetic ground truth: per-depth Bernoulli acceptance and a step-time
+    model T1 * (k * c + T(k+1)/T(1)), optionally with lognormal timing noise."""
+
+    def __init__(self, alphas, cost: CostModel, seed: int = 0, noise: float = 0.0):
+        self.alphas = list(alphas)
+        self.cost, self.noise = cost, noise
+        self.rng = np.random.default_rng(seed)
+
+    def alpha(self, depth: int) -> float:
+        return self.alphas[min(depth, len(self.alphas) - 1)]
+
+    def accept(self, k: int) -> int:
+        accepted = 0
+        while accepted < k and self.rng.random() < self.alpha(accepted):
+            accepted += 1
+        return accepted
+
+    def step(self, k: int) -> Outcome:
+        accepted = self.accept(k)
+        jitter = self.rng.lognormal(0.0, self.noise, 2) if self.noise else np.ones(2)
+        draft = T1 * k * self.cost.draft_cost * jitter[0]
+        verify = T1 * self.cost.relative_time(k + 1) * jitter[1]
+        return Outcome(StepObservation(k, k, accepted, draft, verify), accepted + 1, draft + verify)
+
+
+class EvenWorld(World):
+    """Acceptance without sampling noise: each depth accepts exactly a fraction
+    alpha of its trials (error diffusion, rounding to nearest so that a depth
+    tried only a few times is not biased low), so an exact optimum is reachable."""
+
+    def __init__(self, alpha: float, cost: CostModel):
+        super().__init__([alpha], cost)
+        self.carry = np.full(64, 0.5)
+
+    def accept(self, k: int) -> int:
+        accepted = 0
+        while accepted < k:
+            self.carry[accepted] += self.alphas[0]
+            if self.carry[accepted] < 1.0:
+                break
+            self.carry[accepted] -= 1.0
+            accepted += 1
+        return accepted
+
+
+def run(controller: AdaptiveK, world: World, steps: int, max_k: int = MAX_K):
+    """Throughput in tokens per simulated second, and the k chosen at each step."""
+    tokens, seconds, ks = 0, 0.0, []
+    for _ in range(steps):
+        k = controller.choose(max_k)
+        out = world.step(k)
+        controller.observe(out.obs)
+        tokens, seconds = tokens + out.tokens, seconds + out.seconds
+        ks.append(k)
+    return tokens / seconds, np.array(ks)
+
+
+def static(k: int, world: World, steps: int) -> float:
+    outs = [world.step(k) for _ in range(steps)]
+    return sum(o.tokens for o in outs) / sum(o.seconds for o in outs)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
+@pytest.mark.parametrize("k", [0, 1, 4, 9])
+def test_expected_tokens_reduces_to_economics(alpha, k):
+    assert expected_tokens_per_pass([alpha] * 3, k) == pytest.approx(expected_tokens(alpha, k))
+
+
+def test_expected_tokens_depth_dependent():
+    assert expected_tokens_per_pass([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+
+
+@pytest.mark.parametrize("alpha, cost", [
+    (0.8, CostModel(verify_overhead=0.1)),
+    (0.5, NGRAM),
+    (0.5, DRAFT),
+    (0.9, PROFILE),
+    (0.7, CostModel(draft_cost=0.3, verify_overhead=0.1)),
+    (0.15, DRAFT),
+])
+def test_choice_converges_to_optimal_k(alpha, cost):
+    expected = optimal_k(alpha, cost, MAX_K).k
+    controller = AdaptiveK(cost, half_life=256)
+    run(controller, EvenWorld(alpha, cost), 600)
+    assert controller.choose(MAX_K) == expected
+    budget = best_node_budget([alpha] * 4, cost, MAX_K)
+    assert budget.nodes == expected
+    assert budget.speedup == pytest.approx(expected_speedup(alpha, expected, cost))
+
+
+def test_online_timing_overrides_a_wrong_prior():
+    truth = CostModel(draft_cost=0.0, verify_overhead=0.05)
+    prior = CostModel(draft_cost=0.3, verify_overhead=0.5)
+    assert optimal_k(0.8, prior, MAX_K).k < optimal_k(0.8, truth, MAX_K).k
+    controller = AdaptiveK(prior, half_life=256)
+    run(controller, EvenWorld(0.8, truth), 600)
+    assert controller.choose(MAX_K) == optimal_k(0.8, truth, MAX_K).k
+    assert controller.node_budget(MAX_K).speedup == pytest.approx(
+        optimal_k(0.8, truth, MAX_K).speedup, rel=0.02)
+
+
+@pytest.mark.parametrize("cost", [NGRAM, DRAFT])
+def test_hopeless_drafts_fall_back_to_plain_with_sparse_probes(cost):
+    controller = AdaptiveK(cost)
+    _, ks = run(controller, World([0.0], cost, seed=1), 1000)
+    assert (ks[:12] == 0).any()
+    after = ks[100:]
+    # Every speculative step after warm-up is a scheduled probe, and the
+    # probe interval has grown to its cap.
+    assert np.count_nonzero(after) / after.size < 0.03
+    assert np.count_nonzero(ks) == controller.probes + np.count_nonzero(ks[:ks.argmin()])
+    assert set(after[after > 0]) <= {controller.probe_k}
+
+
+@pytest.mark.parametrize("alpha, cost", [
+    (0.8, NGRAM), (0.95, NGRAM), (0.2, CostModel(verify_overhead=0.1)),
+    (0.5, DRAFT), (0.9, PROFILE), (0.6, CostModel(draft_cost=0.2, verify_overhead=0.1)),
+])
+def test_adaptive_throughput_near_best_static(alpha, cost):
+    steps = 3000
+    adaptive, _ = run(AdaptiveK(cost), World([alpha], cost, seed=2, noise=0.05), steps)
+    best = max(static(k, World([alpha], cost, seed=3 + k, noise=0.05), steps)
+               for k in range(MAX_K + 1))
+    assert adaptive >= 0.95 * best
+
+
+def test_draft_model_at_low_alpha_is_never_slower_than_plain():
+    steps = 3000
+    adaptive, _ = run(AdaptiveK(DRAFT), World([0.35], DRAFT, seed=4, noise=0.05), steps)
+    plain = static(0, World([0.35], DRAFT, seed=5, noise=0.05), steps)
+    long_drafts = static(10, World([0.35], DRAFT, seed=6, noise=0.05), steps)
+    assert adaptive >= 0.97 * plain
+    assert long_drafts < 0.8 * plain
+
+
+class Shift(World):
+    def __init__(self, before: float, after: float, at: int, cost: CostModel, seed: int = 0):
+        super().__init__([before], cost, seed)
+        self.after, self.at, self.steps = after, at, 0
+
+    def step(self, k: int) -> Outcome:
+        self.steps += 1
+        if self.steps > self.at:
+            self.alphas = [self.after]
+        return super().step(k)
+
+
+@pytest.mark.parametrize("cost", [DRAFT, NGRAM])
+def test_regime_change_drops_k_within_30_steps(cost):
+    high, low = optimal_k(0.9, cost, MAX_K).k, optimal_k(0.1, cost, MAX_K).k
+    assert high >= 5 and low <= 1
+    controller = AdaptiveK(cost)
+    _, ks = run(controller, Shift(0.9, 0.1, 200, cost, seed=7), 400)
+    assert np.median(ks[150:200]) >= high - 2
+    settled = ks[230:]
+    assert settled.max() <= 2
+    assert np.mean(settled == low) >= 0.8
+    assert controller.resets >= 1
+
+
+def test_per_depth_estimates_converge():
+    truth = [0.9, 0.7, 0.5, 0.3]
+    world = World(truth, NGRAM, seed=8)
+    # A long memory and a strict change test isolate the estimator itself.
+    controller = AdaptiveK(NGRAM, half_life=2000, change_p=1e-12)
+    for _ in range(4000):
+        controller.observe(world.step(4).obs)
+    np.testing.assert_allclose(controller.alphas[:4], truth, atol=0.05)
+
+
+def test_unvisited_depths_inherit_the_deepest_estimate():
+    controller = AdaptiveK(NGRAM)
+    for _ in range(50):
+        controller.observe(StepObservation(1, 1, 1))
+    assert controller.alphas[0] > 0.95
+    assert np.all(controller.alphas[1:] == pytest.approx(controller.alphas[0]))
+
+
+def test_shadows_replace_probes_and_lead_out_of_plain():
+    controller = AdaptiveK(DRAFT)
+    for _ in range(30):
+        controller.observe(StepObservation(2, 2, 0))
+    assert controller.choose(MAX_K) == 0
+    ks = []
+    for step in range(200):
+        ks.append(controller.choose(MAX_K))
+        controller.observe(StepObservation(0, 0, 0, None, T1))
+        controller.observe_shadow(1, int(step % 10 == 0))
+    assert not any(ks) and controller.probes == 0
+    for _ in range(20):
+        controller.observe_shadow(1, 1)
+    assert controller.choose(MAX_K) > 0
+
+
+def test_probes_recover_when_text_becomes_predictable():
+    controller = AdaptiveK(DRAFT)
+    _, ks = run(controller, Shift(0.0, 0.9, 300, DRAFT, seed=9), 600)
+    assert not ks[150:300].any() or controller.probes > 0
+    assert np.median(ks[-100:]) >= optimal_k(0.9, DRAFT, MAX_K).k - 2
+
+
+def test_room_left_caps_the_choice():
+    controller = AdaptiveK(NGRAM)
+    for _ in range(50):
+        controller.observe(StepObservation(8, 8, 8))
+    assert controller.choose(3) == 3
+    assert controller.choose(0) == 0
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(k_requested=2, drafted=1, accepted=2),
+    dict(k_requested=-1, drafted=0, accepted=0),
+    dict(k_requested=1, drafted=1, accepted=0, verify_seconds=float("nan")),
+    dict(k_requested=1, drafted=1, accepted=0, fed_positions=0),
+])
+def test_observation_validation(kwargs):
+    with pytest.raises(ValueError):
+        StepObservation(**kwargs)
+
+
+def test_shadow_validation():
+    with pytest.raises(ValueError):
+        AdaptiveK().observe_shadow(1, 2)

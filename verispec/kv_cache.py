@@ -1,0 +1,89 @@
+"""A preallocated key/value cache whose rollback and compaction move data in place.
+
+One buffer holds every layer: [layers, 2 (key, value), kv_heads, capacity, head_dim].
+Keys and values of one layer sit next to each other, so a forward writes both
+with a single copy, and a layer's keys for attention are a strided view, never
+a concatenation. Nothing is allocated per decode step.
+
+Invariant: cache indices [0, length) hold the keys and values of the tokens the
+owner has committed (or is verifying), in the order they were forwarded; indices
+>= length hold stale data that no forward may read unmasked.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class StaticKVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu", align: int = 1) -> None:
+        """`capacity` positions may be stored; the buffer is rounded up to a multiple
+        of `align` so readers of whole tiles stay in bounds (the extra slots are never claimed)."""
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        slots = -(-self.capacity // align) * align
+        self.kv = torch.zeros(num_layers, 2, num_kv_heads, slots, head_dim,
+                              dtype=dtype, device=device)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def num_layers(self) -> int:
+        return self.kv.shape[0]
+
+    def truncate(self, length: int) -> None:
+        """Forget every position >= length; a no-op when length >= self.length."""
+        if length < 0:
+            raise ValueError(f"cannot truncate a cache to a negative length ({length})")
+        self._length = min(self._length, int(length))
+
+    def reserve(self, n: int) -> int:
+        """Claim n slots after the current length and return where they start.
+
+        Raises before anything is written, so a failed forward leaves the cache as it was.
+        """
+        start = self._length
+        if start + n > self.capacity:
+            raise ValueError(
+                f"KV cache overflow: {start} cached + {n} new positions exceed its capacity "
+                f"of {self.capacity}; create the cache with a larger capacity (at most the "
+                f"model's max_context) or shorten the prompt / max_new_tokens")
+        self._length = start + n
+        return start
+
+    def layer(self, index: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of layer `index`'s keys and values for cache indices [0, end)."""
+        kv = self.kv[index, :, :, :end]  # [2, kv_heads, end, head_dim]
+        return kv[0], kv[1]
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        """Keep only the cache indices in `keep` among those >= `start`.
+
+        `keep` holds absolute cache indices, strictly increasing, all in
+        [start, length). Afterwards cache index start + j holds what index keep[j]
+        held, indices < start are untouched, and length == start + len(keep).
+
+        This is what tree verification needs once a path is accepted: the path's
+        nodes were forwarded at RoPE positions start + depth, so the compacted cache
+        equals one built by forwarding the kept tokens alone as a chain.
+        """
+        keep = keep.to(device=self.kv.device, dtype=torch.long).flatten()
+        count = keep.numel()
+        if not 0 <= start <= self._length:
+            raise ValueError(f"compact start {start} outside the cached range [0, {self._length}]")
+        if count:
+            lo, hi = int(keep[0]), int(keep[-1])
+            if lo < start or hi >= self._length:
+                raise ValueError(
+                    f"compact keeps indices in [{lo}, {hi}], outside [{start}, {self._length})")
+            if count > 1 and not bool((keep[1:] > keep[:-1]).all()):
+                raise ValueError("compact needs strictly increasing indices")
+            # index_select gathers into a fresh tensor first, so sources that the
+            # write overlaps are read before they are overwritten.
+            kept = self.kv.index_select(3, keep)  # [layers, 2, kv_heads, count, head_dim]
+            self.kv[:, :, :, start:start + count] = kept
+        self._length = start + count

@@ -1,0 +1,263 @@
+"""A native Llama-family target: fused weights, a static KV cache, and SDPA.
+
+Numerics follow transformers' modeling_llama op for op where it matters:
+RMSNorm normalizes in float32, casts back, then multiplies the weight; RoPE
+tables are computed in float32 with HF's expression and cast to the model
+dtype; every residual add and activation runs in the model dtype. In float32
+the logits agree with HF to ~1e-5. In bf16 the two backends are not bit-identical
+(their attention kernels round differently), but each is as far from the float32
+logits as the other: ordinary bf16 noise.
+
+Batch-invariant mode (`batch_invariant=True`) makes a position's logits and
+cached keys/values bit-identical whether it is forwarded alone or inside a block
+of any size: forwards are padded to ROW_TILE rows and attention runs on fixed
+tiles (see llama_attention.invariant_attend). It holds on CPU for bf16 (packed
+oneDNN GEMMs are row-invariant) and float32 (GEMMs run in fixed ROW_TILE tiles).
+
+Hidden states follow HF's `output_hidden_states` index for index: 0 is the
+token embeddings, l in [1, num_layers) is the output of decoder layer l, and
+num_layers is the output of the last layer AFTER the final norm.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..kv_cache import StaticKVCache
+from .base import ForwardOutput, TargetModel
+from .llama_attention import KEY_TILE, ROW_TILE, AttentionMask, attend, invariant_attend
+from .llama_config import LlamaSpec, parse_config, rope_tables
+from .llama_config import supports as _supports
+from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
+                            read_config, read_eos_ids)
+
+DEFAULT_CACHE_LIMIT = 4096  # positions; bounds a request's cache memory when the model allows more
+INVARIANT_SLICE = 128  # rows per piece of a long batch-invariant forward
+
+
+class NativeLlama(TargetModel):
+    def __init__(self, spec: LlamaSpec, weights: ModelWeights, dtype: torch.dtype,
+                 device: torch.device, eos_token_ids: frozenset[int], name: str,
+                 num_layers: int | None = None, batch_invariant: bool = False,
+                 cache_limit: int = DEFAULT_CACHE_LIMIT) -> None:
+        self.spec = spec
+        self.weights = weights
+        self.layers: list[LayerWeights] = weights.layers[: num_layers or spec.num_layers]
+        self.num_layers = len(self.layers)
+        self.hidden_size = spec.hidden_size
+        self.vocab_size = weights.lm_head.out_features
+        self.max_context = spec.max_context
+        self.eos_token_ids = eos_token_ids
+        self.dtype = dtype
+        self.device = device
+        self.name = name
+        self.batch_invariant = batch_invariant
+        self.cache_limit = cache_limit
+        self._heads, self._kv_heads, self._head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self._cos, self._sin = (t.to(device) for t in
+                                rope_tables(spec.rope, spec.head_dim, self.max_context, dtype))
+        self._arange = torch.arange(self.max_context, device=device)
+
+    @classmethod
+    def from_dir(cls, folder: str | Path, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", batch_invariant: bool = False,
+                 cache_limit: int = DEFAULT_CACHE_LIMIT) -> "NativeLlama":
+        folder = Path(folder)
+        config = read_config(folder)
+        spec = parse_config(config)
+        device = torch.device(device)
+        weights = load_weights(folder, spec, dtype, device)
+        name = config.get("_name_or_path") or folder.name
+        return cls(spec, weights, dtype, device, read_eos_ids(folder, config),
+                   name=f"native:{Path(str(name)).name or folder.name}",
+                   batch_invariant=batch_invariant, cache_limit=cache_limit)
+
+    @staticmethod
+    def supports(config: dict) -> bool:
+        return _supports(config)
+
+    def new_cache(self, capacity: int | None = None) -> StaticKVCache:
+        """An empty cache; capacity defaults to min(max_context, cache_limit)."""
+        capacity = capacity or min(self.max_context, self.cache_limit)
+        if capacity > self.max_context:
+            raise ValueError(f"cache capacity {capacity} exceeds {self.name}'s max_context "
+                             f"{self.max_context}")
+        # Batch-invariant attention reads whole key tiles, so the buffer ends on a tile edge.
+        return StaticKVCache(self.num_layers, self._kv_heads, self._head_dim, capacity,
+                             self.dtype, self.device, align=KEY_TILE if self.batch_invariant else 1)
+
+    def truncated(self, num_layers: int) -> "NativeLlama":
+        """The first `num_layers` decoder layers plus the final norm and LM head,
+        sharing this model's weights (a layer-skip self-draft, no extra memory)."""
+        if not 1 <= num_layers <= self.num_layers:
+            raise ValueError(
+                f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
+        return NativeLlama(self.spec, self.weights, self.dtype, self.device, self.eos_token_ids,
+                           name=f"{self.name}[:{num_layers}]", num_layers=num_layers,
+                           batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+
+    def weights_fingerprint(self) -> str:
+        return fingerprint(self.weights.fingerprint_parts, self.num_layers)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: StaticKVCache,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        num_logits: int | None = None,
+        hidden_layers: Sequence[int] = (),
+    ) -> ForwardOutput:
+        """Run n new positions against the cache and append them.
+
+        num_logits=None returns logits for all n positions, 0 for none (a prefill
+        that needs no distribution skips the LM head).
+        """
+        tokens = tokens.to(self.device)
+        n = tokens.shape[0]
+        self._check(tokens, cache, positions, mask, num_logits, hidden_layers)
+        start = cache.reserve(n)
+        num_logits = n if num_logits is None else num_logits
+        try:
+            if self.batch_invariant and mask is None and positions is None and n > INVARIANT_SLICE:
+                return self._run_sliced(tokens, cache, start, num_logits, tuple(hidden_layers))
+            return self._run(tokens, cache, start, positions, mask, num_logits, tuple(hidden_layers))
+        except BaseException:
+            cache.truncate(start)
+            raise
+
+    def _run_sliced(self, tokens: torch.Tensor, cache: StaticKVCache, start: int,
+                    num_logits: int, hidden_layers: tuple[int, ...]) -> ForwardOutput:
+        """A long causal forward as consecutive slices. Batch-invariant attention
+        materializes [rows, keys] scores, so slicing bounds its memory; each row's
+        result is independent of the slicing, which is the point of the mode."""
+        n = tokens.shape[0]
+        parts = []
+        for a in range(0, n, INVARIANT_SLICE):
+            b = min(n, a + INVARIANT_SLICE)
+            wanted = max(0, b - max(a, n - num_logits))
+            parts.append(self._run(tokens[a:b], cache, start + a, None, None, wanted, hidden_layers))
+        hidden = tuple(torch.cat([p.hidden[i] for p in parts]) for i in range(len(hidden_layers)))
+        return ForwardOutput(logits=torch.cat([p.logits for p in parts]), hidden=hidden)
+
+    def _check(self, tokens, cache, positions, mask, num_logits, hidden_layers) -> None:
+        if tokens.dim() != 1 or tokens.numel() == 0:
+            raise ValueError(f"tokens must be a non-empty 1-D tensor, got shape {tuple(tokens.shape)}")
+        n = tokens.shape[0]
+        if cache.num_layers != self.num_layers:
+            raise ValueError(f"cache has {cache.num_layers} layers, {self.name} has {self.num_layers}")
+        if positions is not None and positions.shape != (n,):
+            raise ValueError(f"positions must have shape ({n},), got {tuple(positions.shape)}")
+        if mask is not None and tuple(mask.shape) != (n, cache.length + n):
+            raise ValueError(f"mask must have shape ({n}, {cache.length + n}), got {tuple(mask.shape)}")
+        if num_logits is not None and not 0 <= num_logits <= n:
+            raise ValueError(f"num_logits must be in [0, {n}], got {num_logits}")
+        bad = [layer for layer in hidden_layers if not 0 <= layer <= self.num_layers]
+        if bad:
+            raise ValueError(f"hidden layers {bad} outside [0, {self.num_layers}]")
+
+    def _run(self, tokens: torch.Tensor, cache: StaticKVCache, start: int,
+             positions: torch.Tensor | None, mask: torch.Tensor | None, num_logits: int,
+             hidden_layers: tuple[int, ...]) -> ForwardOutput:
+        n = tokens.shape[0]
+        end = start + n
+        if positions is None:
+            cos, sin = self._cos[start:end], self._sin[start:end]  # [n, head_dim]
+        else:
+            positions = positions.to(self.device)
+            cos, sin = self._cos[positions], self._sin[positions]
+        rows = n
+        if self.batch_invariant:
+            # Fixed-size row blocks make every matmul see the same shapes whatever n is.
+            rows = -(-n // ROW_TILE) * ROW_TILE
+            tokens, cos, sin = (_pad_rows(t, rows) for t in (tokens, cos, sin))
+        attn_mask = AttentionMask.build(mask, start, n, rows, self._heads // self._kv_heads,
+                                        self.device, self.batch_invariant)
+        cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
+        wanted = set(hidden_layers)
+        captured: dict[int, torch.Tensor] = {}
+        x = F.embedding(tokens, self.weights.embed)  # [rows, hidden]
+        if 0 in wanted:
+            captured[0] = x
+        last = self.num_layers
+        for index, layer in enumerate(self.layers):
+            x = self._layer(layer, index, x, cache, cos, sin, attn_mask, start, n)
+            if index + 1 in wanted and index + 1 < last:
+                captured[index + 1] = x
+        x = x[:n]
+        if last in wanted:
+            x = self._norm(x, self.weights.norm)
+            captured[last] = x
+            head_in = x[n - num_logits:]
+        else:
+            head_in = self._norm(x[n - num_logits:], self.weights.norm)
+        if num_logits == 0:
+            logits = torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device)
+        else:
+            logits = self._head(head_in)
+        hidden = tuple(captured[layer][:n] for layer in hidden_layers)
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, hidden] -> [rows, vocab] float32 logits."""
+        head = self.weights.lm_head
+        if not self.batch_invariant or head.row_invariant:
+            return head(x).float()
+        rows = x.shape[0]
+        return self._linear(head, _pad_rows(x, -(-rows // ROW_TILE) * ROW_TILE))[:rows].float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # F.rms_norm upcasts to float32 internally and rounds once, which is HF's
+        # LlamaRMSNorm up to the weight multiply, done after the cast as HF does.
+        return F.rms_norm(x, (x.shape[-1],), eps=self.spec.rms_eps) * weight
+
+    def _layer(self, w: LayerWeights, index: int, x: torch.Tensor, cache: StaticKVCache,
+               cos: torch.Tensor, sin: torch.Tensor, attn_mask: "AttentionMask",
+               start: int, n: int) -> torch.Tensor:
+        rows = x.shape[0]
+        heads, kv_heads, head_dim = self._heads, self._kv_heads, self._head_dim
+        qkv = self._linear(w.qkv, self._norm(x, w.attn_norm)).view(rows, heads + 2 * kv_heads, head_dim)
+        qk = qkv[:, : heads + kv_heads]  # [rows, heads + kv_heads, head_dim]
+        if w.qk_norm is not None:
+            qk = self._norm(qk, w.qk_norm)
+        qk = _rotate(qk, cos, sin)
+        # Keys and values of one layer are adjacent in the cache: one copy stores both.
+        new_kv = torch.cat((qk[:n, heads:], qkv[:n, heads + kv_heads:]), dim=1)  # [n, 2 kv, hd]
+        layer_kv = cache.kv[index]  # [2, kv_heads, capacity, head_dim]
+        layer_kv[:, :, start:start + n] = new_kv.view(n, 2, kv_heads, head_dim).permute(1, 2, 0, 3)
+        keys, values = layer_kv[0], layer_kv[1]
+        q = qk[:, :heads]  # [rows, heads, head_dim]
+        if self.batch_invariant:
+            out = invariant_attend(q, keys, values, attn_mask)
+        else:
+            out = attend(q, keys[:, : start + n], values[:, : start + n], attn_mask)
+        x = x + self._linear(w.o, out)  # out: [rows, heads * head_dim]
+        gate_up = self._linear(w.gate_up, self._norm(x, w.mlp_norm))  # [rows, 2 * intermediate]
+        inter = gate_up.shape[-1] // 2
+        return x + self._linear(w.down, F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+
+    def _linear(self, lin: Linear, x: torch.Tensor) -> torch.Tensor:
+        if not self.batch_invariant or lin.row_invariant or x.shape[0] == ROW_TILE:
+            return lin(x)
+        # A GEMM that is not row-invariant still is at a fixed row count.
+        return torch.cat([lin(tile) for tile in x.split(ROW_TILE)])
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE on [rows, heads, head_dim]: x * cos + swap_halves(x) * sin_signed, with
+    the two products rounded separately as in HF's apply_rotary_pos_emb."""
+    rows, heads, head_dim = x.shape
+    swapped = x.view(rows, heads, 2, head_dim // 2).flip(2).view(rows, heads, head_dim)
+    return x * cos + swapped * sin_signed
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """Pad dim 0 to `rows` by repeating the last row (any real value; pad rows are discarded)."""
+    extra = rows - t.shape[0]
+    if extra == 0:
+        return t
+    return torch.cat((t, t[-1:].expand(extra, *t.shape[1:])))

@@ -1,0 +1,182 @@
+"""Load a Llama-family safetensors checkpoint into fused, matmul-ready weights.
+
+q/k/v become one [q + 2 kv, hidden] matrix and gate/up one [2 inter, hidden]
+matrix, so each layer runs four matmuls. On CPU the matrices are prepacked
+into oneDNN's blocked layout once: an unpacked bf16 F.linear reorders its
+weight on every call, which roughly doubles the cost of a one-row decode. For
+rows <= 32 the packed product is bit-identical to F.linear, and a row's result
+does not depend on how many other rows share the call (tests check both).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .llama_config import LlamaSpec
+
+
+def _can_pack(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class Linear:
+    """y = x @ W.T + b for x of shape [rows, in]."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 pack: bool = True) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias
+        self.packed = pack and _can_pack(weight)
+        if self.packed:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        else:
+            self.weight = weight.contiguous()
+
+    @property
+    def row_invariant(self) -> bool:
+        """Whether a row's result is independent of the other rows and their count.
+        True for oneDNN's packed bf16 kernels (checked for 1..64 and 200 rows); plain
+        fp32 GEMMs only keep a row's bits when the row count is fixed."""
+        return self.packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [hidden]
+    qkv: Linear  # [(heads + 2 kv_heads) * head_dim, hidden]
+    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim], qwen3 only
+    o: Linear  # [hidden, heads * head_dim]
+    mlp_norm: torch.Tensor  # [hidden]
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear  # [hidden, intermediate]
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [hidden]
+    lm_head: Linear  # [vocab, hidden]
+    # (checkpoint key, layer index or None, digest input) for weights_fingerprint;
+    # kept instead of the unfused tensors, which are freed after fusing.
+    fingerprint_parts: list[tuple[str, int | None, bytes]]
+
+
+def read_config(folder: Path) -> dict:
+    return json.loads((Path(folder) / "config.json").read_text())
+
+
+def read_eos_ids(folder: Path, config: dict) -> frozenset[int]:
+    ids: set[int] = set()
+    sources = [config]
+    gen = Path(folder) / "generation_config.json"
+    if gen.exists():
+        sources.append(json.loads(gen.read_text()))
+    for source in sources:
+        eos = source.get("eos_token_id")
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").exists():
+        shards = ["model.safetensors"]
+    else:
+        raise ValueError(f"{folder} has no model.safetensors (or index); the native backend "
+                         f"reads safetensors only")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        tensors.update(load_file(str(folder / shard)))
+    return tensors
+
+
+def _digest_part(tensor: torch.Tensor) -> bytes:
+    # The same sample HFModel.weights_fingerprint hashes, so both backends agree.
+    flat = tensor.detach().float().flatten()
+    return flat[:: max(1, flat.numel() // 64)][:64].numpy().tobytes()
+
+
+def fingerprint(parts: list[tuple[str, int | None, bytes]], num_layers: int) -> str:
+    digest = hashlib.sha256()
+    for key, layer, data in sorted(parts, key=lambda p: p[0]):
+        if layer is None or layer < num_layers:
+            digest.update(key.encode())
+            digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def _layer_index(key: str) -> int | None:
+    parts = key.split(".")
+    if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers":
+        return int(parts[2])
+    return None
+
+
+def load_weights(folder: Path, spec: LlamaSpec, dtype: torch.dtype,
+                 device: torch.device) -> ModelWeights:
+    raw = _read_tensors(folder)
+    # Tied checkpoints store the shared matrix under either name (safetensors'
+    # save_model keeps one of the aliases), so fill in whichever is missing.
+    if spec.tie_embeddings and "model.embed_tokens.weight" not in raw and "lm_head.weight" in raw:
+        raw["model.embed_tokens.weight"] = raw["lm_head.weight"]
+    if "lm_head.weight" not in raw or spec.tie_embeddings:
+        raw["lm_head.weight"] = raw["model.embed_tokens.weight"]
+    tensors = {k: v.to(device=device, dtype=dtype) for k, v in raw.items()
+               if not k.endswith("rotary_emb.inv_freq")}
+    del raw
+    parts = [(k, _layer_index(k), _digest_part(v)) for k, v in tensors.items()]
+
+    def take(key: str) -> torch.Tensor:
+        if key not in tensors:
+            raise ValueError(f"checkpoint lacks {key}; is it a {spec.model_type} model?")
+        return tensors.pop(key)
+
+    def maybe(key: str, wanted: bool) -> torch.Tensor | None:
+        return take(key) if wanted else None
+
+    layers = []
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        qkv_w = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        qkv_b = (torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+                 if spec.qkv_bias else None)
+        qk_norm = None
+        if spec.qk_norm:
+            qk_norm = torch.cat([take(p + "self_attn.q_norm.weight")[None].expand(spec.num_heads, -1),
+                                 take(p + "self_attn.k_norm.weight")[None].expand(spec.num_kv_heads, -1)])
+        gate_up_w = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+        gate_up_b = (torch.cat([take(p + "mlp.gate_proj.bias"), take(p + "mlp.up_proj.bias")])
+                     if spec.mlp_bias else None)
+        layers.append(LayerWeights(
+            attn_norm=take(p + "input_layernorm.weight"),
+            qkv=Linear(qkv_w, qkv_b),
+            qk_norm=qk_norm,
+            o=Linear(take(p + "self_attn.o_proj.weight"), maybe(p + "self_attn.o_proj.bias", spec.o_bias)),
+            mlp_norm=take(p + "post_attention_layernorm.weight"),
+            gate_up=Linear(gate_up_w, gate_up_b),
+            down=Linear(take(p + "mlp.down_proj.weight"), maybe(p + "mlp.down_proj.bias", spec.mlp_bias)),
+        ))
+    embed = take("model.embed_tokens.weight")
+    return ModelWeights(embed=embed, layers=layers, norm=take("model.norm.weight"),
+                        lm_head=Linear(take("lm_head.weight")), fingerprint_parts=parts)
