@@ -1,12 +1,19 @@
 """The adaptive-k controller on synthetic acceptances and step times: no models."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from verispec.bench.economics import CostModel, expected_speedup, expected_tokens, optimal_k
+from verispec.bench.economics import (
+    CostModel,
+    expected_speedup,
+    expected_tokens,
+    load_profile,
+    optimal_k,
+)
 from verispec.policy import (
     AdaptiveK,
     StepObservation,
@@ -76,13 +83,18 @@ class EvenWorld(World):
         return accepted
 
 
-def run(controller: AdaptiveK, world: World, steps: int, max_k: int = MAX_K):
-    """Throughput in tokens per simulated second, and the k chosen at each step."""
+def run(controller: AdaptiveK, world: World, steps: int, max_k: int = MAX_K,
+        shadow: bool = False):
+    """Throughput in tokens per simulated second, and the k chosen at each step.
+    With `shadow`, plain steps report a free one-token shadow draft, as the
+    engine does for n-gram lookup."""
     tokens, seconds, ks = 0, 0.0, []
     for _ in range(steps):
         k = controller.choose(max_k)
         out = world.step(k)
         controller.observe(out.obs)
+        if shadow and k == 0:
+            controller.observe_shadow(1, world.accept(1))
         tokens, seconds = tokens + out.tokens, seconds + out.seconds
         ks.append(k)
     return tokens / seconds, np.array(ks)
@@ -108,8 +120,8 @@ def test_expected_tokens_depth_dependent():
     (0.5, NGRAM),
     (0.5, DRAFT),
     (0.9, PROFILE),
-    (0.7, CostModel(draft_cost=0.3, verify_overhead=0.1)),
-    (0.15, DRAFT),
+    (0.7, CostModel(draft_cost=0.2, verify_overhead=0.1)),
+    (0.1, DRAFT),
 ])
 def test_choice_converges_to_optimal_k(alpha, cost):
     expected = optimal_k(alpha, cost, MAX_K).k
@@ -119,6 +131,18 @@ def test_choice_converges_to_optimal_k(alpha, cost):
     budget = best_node_budget([alpha] * 4, cost, MAX_K)
     assert budget.nodes == expected
     assert budget.speedup == pytest.approx(expected_speedup(alpha, expected, cost))
+
+
+def test_measured_profile_file(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"n": [1, 2, 4, 8, 16],
+                                "seconds": [0.02, 0.0202, 0.0206, 0.024, 0.04],
+                                "draft_cost_per_token": 0.03}))
+    cost = load_profile(path)
+    expected = optimal_k(0.85, cost, MAX_K).k
+    controller = AdaptiveK(cost, half_life=256)
+    run(controller, EvenWorld(0.85, cost), 600)
+    assert controller.choose(MAX_K) == expected
 
 
 def test_online_timing_overrides_a_wrong_prior():
@@ -136,10 +160,10 @@ def test_online_timing_overrides_a_wrong_prior():
 def test_hopeless_drafts_fall_back_to_plain_with_sparse_probes(cost):
     controller = AdaptiveK(cost)
     _, ks = run(controller, World([0.0], cost, seed=1), 1000)
-    assert (ks[:12] == 0).any()
+    assert (ks[:20] == 0).any()
     after = ks[100:]
-    # Every speculative step after warm-up is a scheduled probe, and the
-    # probe interval has grown to its cap.
+    # After warm-up every speculative step is a scheduled probe of probe_k,
+    # and failed probes space themselves out.
     assert np.count_nonzero(after) / after.size < 0.03
     assert np.count_nonzero(ks) == controller.probes + np.count_nonzero(ks[:ks.argmin()])
     assert set(after[after > 0]) <= {controller.probe_k}
@@ -151,7 +175,8 @@ def test_hopeless_drafts_fall_back_to_plain_with_sparse_probes(cost):
 ])
 def test_adaptive_throughput_near_best_static(alpha, cost):
     steps = 3000
-    adaptive, _ = run(AdaptiveK(cost), World([alpha], cost, seed=2, noise=0.05), steps)
+    adaptive, _ = run(AdaptiveK(cost), World([alpha], cost, seed=2, noise=0.05), steps,
+                      shadow=cost.draft_cost == 0)
     best = max(static(k, World([alpha], cost, seed=3 + k, noise=0.05), steps)
                for k in range(MAX_K + 1))
     assert adaptive >= 0.95 * best
@@ -180,15 +205,26 @@ class Shift(World):
 
 @pytest.mark.parametrize("cost", [DRAFT, NGRAM])
 def test_regime_change_drops_k_within_30_steps(cost):
-    high, low = optimal_k(0.9, cost, MAX_K).k, optimal_k(0.1, cost, MAX_K).k
-    assert high >= 5 and low <= 1
+    # A free proposer reports shadows at k = 0; a draft model relies on probes.
+    high, low = optimal_k(0.9, cost, MAX_K), optimal_k(0.1, cost, MAX_K)
+    assert high.k >= 5 and low.k <= 1
     controller = AdaptiveK(cost)
-    _, ks = run(controller, Shift(0.9, 0.1, 200, cost, seed=7), 400)
-    assert np.median(ks[150:200]) >= high - 2
-    settled = ks[230:]
-    assert settled.max() <= 2
-    assert np.mean(settled == low) >= 0.8
+    _, ks = run(controller, Shift(0.9, 0.1, 200, cost, seed=7), 400,
+                shadow=cost.draft_cost == 0)
+    assert np.median(ks[150:200]) >= high.k - 3
+    assert ks[230:].max() <= 2
+    assert np.median(ks[230:]) == low.k
+    # Near break-even the estimate wanders between neighbours of the optimum;
+    # what matters is the rate those choices get at the true alpha.
+    rate = np.mean([expected_speedup(0.1, k, cost) for k in ks[230:]])
+    assert rate >= 0.97 * low.speedup
     assert controller.resets >= 1
+
+
+def test_few_false_alarms_in_a_steady_regime():
+    controller = AdaptiveK(NGRAM)
+    run(controller, World([0.9], NGRAM, seed=10), 3000)
+    assert controller.resets <= 5
 
 
 def test_per_depth_estimates_converge():
@@ -228,7 +264,11 @@ def test_shadows_replace_probes_and_lead_out_of_plain():
 def test_probes_recover_when_text_becomes_predictable():
     controller = AdaptiveK(DRAFT)
     _, ks = run(controller, Shift(0.0, 0.9, 300, DRAFT, seed=9), 600)
-    assert not ks[150:300].any() or controller.probes > 0
+    assert np.count_nonzero(ks[100:300]) <= 6  # only probes while drafts are hopeless
+    # The first probe after the change comes within the capped interval (64),
+    # and an accepted probe shortens the interval again.
+    recovered = next(t for t in range(300, 600) if ks[t:t + 20].min() >= 3)
+    assert recovered - 300 <= 120
     assert np.median(ks[-100:]) >= optimal_k(0.9, DRAFT, MAX_K).k - 2
 
 
@@ -251,6 +291,16 @@ def test_observation_validation(kwargs):
         StepObservation(**kwargs)
 
 
+def test_untimed_steps_leave_the_cost_prior_alone():
+    controller = AdaptiveK(NGRAM)
+    for _ in range(20):
+        controller.observe(StepObservation(4, 4, 4, 0.0, 0.0))
+    np.testing.assert_allclose(controller.step_seconds(4),
+                               [NGRAM.pass_cost(k) for k in range(5)])
+
+
 def test_shadow_validation():
     with pytest.raises(ValueError):
         AdaptiveK().observe_shadow(1, 2)
+    with pytest.raises(ValueError):
+        AdaptiveK(probe_interval=128)

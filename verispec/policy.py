@@ -1,0 +1,338 @@
+"""Per-request choice of the draft length k, so that speculation pays or stops.
+
+The engine builds one `AdaptiveK` per request, asks `choose(max_k)` before each
+proposal and reports the outcome with `observe(StepObservation(...))`. The
+controller keeps two online estimates and picks the k that maximises expected
+tokens per second, E(k) / (T_draft(k) + T_verify(k + 1)); relative to plain
+decoding that is the seed's formula 9.3, E / (T_draft/T_decode + 1 + overhead*k).
+k = 0 (one token per T_verify(1)) wins whenever speculation cannot pay, which is
+what keeps adaptive decoding from being slower than plain decoding for long.
+
+* Acceptance per depth, alpha_i = P(draft i accepted | drafts < i accepted),
+  from censored chain outcomes (d drafts, a accepted: depths 1..a succeeded,
+  depth a + 1 failed if a < d). Counts are discounted (half-life in observed
+  steps) to follow text that changes character, and a binomial test on the last
+  few outcomes resets them at an abrupt change (ADWIN-style windowing, Bifet &
+  Gavalda 2007), since forgetting alone needs several half-lives to cross a gap.
+* Step time: discounted means of measured seconds per target forward for each
+  number of fed positions n, and of draft seconds per requested token, over a
+  prior `CostModel` (a profile from `verispec profile` via
+  `economics.load_profile`, or linear) whose shape fills in unmeasured widths.
+
+Estimates beyond the chosen k are extrapolations, and a pessimistic one would
+never be corrected, so every `explore_every`-th speculative step tries k + 1 or
+k - 1 (alternately); the rate curve is flat near its optimum, so this is cheap.
+
+k = 0 produces no acceptance evidence, so it must not be absorbing. Two ways out:
+
+* Probes (any proposer, the only option for draft models): while the argmax is
+  0 the controller still returns `probe_k` every `interval` steps; the interval
+  doubles after each probe with nothing accepted, up to `max_probe_interval`,
+  so a hopeless request pays for ~1/64 probes, and returns to
+  `probe_interval` after a probe with an accepted draft.
+* Shadows (free, stateless proposers such as n-gram lookup): at k = 0 the engine
+  may still call the proposer, commit the target's token as usual, and report
+  `observe_shadow(drafted, matched)`. For a one-hot draft token x, P(sampled
+  token == x) = p_target(x) = P(rejection sampling accepts x), so matching the
+  committed token is an unbiased acceptance sample at no verify cost. Shadows
+  postpone probes. Not for draft models: the shadow would cost a draft forward.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .bench.economics import CostModel
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    k_requested: int  # draft length the engine asked the proposer for
+    drafted: int  # drafts actually proposed, <= k_requested
+    accepted: int  # accepted prefix of the drafts, <= drafted
+    draft_seconds: float | None = None  # wall time of propose(); None when not timed
+    verify_seconds: float | None = None  # wall time of the target forward and verifier
+    fed_positions: int | None = None  # positions in that forward; None means drafted + 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.accepted <= self.drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got {self.accepted}, {self.drafted}")
+        if self.k_requested < 0:
+            raise ValueError(f"k_requested must be >= 0, got {self.k_requested}")
+        for name in ("draft_seconds", "verify_seconds"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.fed_positions is not None and self.fed_positions < 1:
+            raise ValueError(f"fed_positions must be >= 1, got {self.fed_positions}")
+
+    @property
+    def positions(self) -> int:
+        return self.fed_positions if self.fed_positions is not None else self.drafted + 1
+
+
+@dataclass(frozen=True)
+class Choice:
+    k: int
+    tokens_per_pass: float  # E(k)
+    seconds_per_pass: float  # in seconds once timed, else in units of T(1)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens_per_pass / self.seconds_per_pass
+
+
+@dataclass(frozen=True)
+class NodeBudget:
+    nodes: int  # draft tokens to verify in one target pass
+    tokens_per_pass: float
+    speedup: float  # over plain decoding, in the cost model's units
+
+
+def expected_tokens_per_pass(alphas: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i: Leviathan et al. 2023, eq. 1,
+    with depth-dependent acceptance. Equals economics.expected_tokens(alpha, k)
+    when every alpha_i == alpha. Depths beyond len(alphas) reuse the last one."""
+    return 1.0 + float(np.cumprod(_depths(alphas, k)).sum()) if k > 0 else 1.0
+
+
+def _depths(alphas: Sequence[float], k: int) -> np.ndarray:
+    a = np.asarray(alphas, dtype=float)
+    return np.concatenate([a[:k], np.full(max(0, k - a.size), a[-1])])
+
+
+def _best(alphas: np.ndarray, seconds: np.ndarray) -> Choice:
+    """Argmax of E(k) / seconds[k] over k = 0..len(alphas); ties (within float
+    noise) go to the shorter draft, which wastes less if alpha is overestimated."""
+    tokens = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alphas))])
+    rate = tokens / seconds
+    k = int(np.flatnonzero(rate >= rate.max() * (1.0 - 1e-12))[0])
+    return Choice(k, float(tokens[k]), float(seconds[k]))
+
+
+def best_node_budget(alphas: Sequence[float], cost: CostModel, max_nodes: int) -> NodeBudget:
+    """First cut of the tree-budget hook: the node count that maximises tokens
+    per unit time for a chain-shaped tree with per-depth acceptance `alphas`.
+
+    The chain is one shape a tree of that many nodes can take, so its yield is
+    a lower bound on the best tree's; a tree scheduler can start from this
+    budget and spend it on siblings where alpha_i is low.
+    """
+    if max_nodes < 0 or not len(alphas):
+        raise ValueError("need max_nodes >= 0 and at least one alpha")
+    seconds = np.array([cost.pass_cost(k) for k in range(max_nodes + 1)])
+    best = _best(_depths(alphas, max_nodes), seconds)
+    return NodeBudget(best.k, best.tokens_per_pass, best.rate)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    drafted: int
+    accepted: int
+    alpha_before: float  # depth-1 estimate before this outcome was counted
+
+
+def _binomial_tail(x: int, n: int, p: float) -> float:
+    """min(P(X <= x), P(X >= x)) for X ~ Binomial(n, p)."""
+    pmf = [math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(n + 1)]
+    return min(sum(pmf[: x + 1]), sum(pmf[x:]))
+
+
+class AdaptiveK:
+    """Chooses k per step for one request; see the module docstring."""
+
+    def __init__(self, cost: CostModel | None = None, *, max_depth: int = 32,
+                 half_life: float = 16.0, cost_half_life: float = 64.0,
+                 prior_alpha: float = 0.5, prior_strength: float = 1.0,
+                 pool_strength: float = 1.0, explore_every: int = 16, probe_k: int = 2,
+                 probe_interval: int = 8, max_probe_interval: int = 64,
+                 change_window: int = 8, change_p: float = 1e-4) -> None:
+        if not (max_depth >= 1 and probe_k >= 1 and explore_every >= 2 and change_window >= 2
+                and 1 <= probe_interval <= max_probe_interval and half_life > 0
+                and cost_half_life > 0 and 0.0 <= prior_alpha <= 1.0 and prior_strength > 0
+                and pool_strength >= 0 and 0.0 < change_p < 1.0):
+            raise ValueError("AdaptiveK: a count, interval, half-life or probability "
+                             "is out of range")
+        # Without a measurement, assume a free proposer and a nearly flat verify
+        # (memory-bound decode); the online timings correct both within steps.
+        self.cost = cost if cost is not None else CostModel(verify_overhead=0.02)
+        self.max_depth = max_depth
+        self._gamma = 0.5 ** (1.0 / half_life)
+        self._cost_gamma = 0.5 ** (1.0 / cost_half_life)
+        self._prior_alpha, self._prior_strength = prior_alpha, prior_strength
+        self._pool = pool_strength
+        self.probe_k, self.probe_interval = probe_k, probe_interval
+        self.max_probe_interval = max_probe_interval
+        self._change_p = change_p
+        self._recent: deque[_Outcome] = deque(maxlen=change_window)
+        self._succ = np.zeros(max_depth)
+        self._fail = np.zeros(max_depth)
+        self._restart()
+        self._rel = np.array([self.cost.relative_time(n) for n in range(1, max_depth + 2)])
+        self._verify_sum = np.zeros(max_depth + 1)  # index n - 1: discounted seconds
+        self._verify_weight = np.zeros(max_depth + 1)  # and discounted count
+        self._warm = False  # a timed step has been seen (and skipped)
+        self._draft_sum = 0.0  # discounted draft seconds
+        self._draft_tokens = 0.0  # discounted requested draft tokens
+        self._interval, self._idle, self._probing = probe_interval, 0, False
+        self.explore_every, self._spec_steps = explore_every, 0
+        self.probes = 0  # probe steps issued
+        self.resets = 0  # abrupt changes detected
+
+    @property
+    def alphas(self) -> np.ndarray:
+        """Estimated alpha_i for depths 1..max_depth. Each depth is shrunk
+        toward the depth above it with `pool_strength` pseudo-observations, so
+        depths the chosen k never reaches inherit the deepest observed estimate."""
+        out = np.empty(self.max_depth)
+        parent, pool = self._prior_alpha, 0.0
+        for i in range(self.max_depth):
+            n = self._succ[i] + self._fail[i]
+            out[i] = parent if n + pool == 0 else (self._succ[i] + pool * parent) / (n + pool)
+            parent, pool = out[i], self._pool
+        return out
+
+    def step_seconds(self, max_k: int) -> np.ndarray:
+        """Predicted seconds of one pass for k = 0..max_k (T(1) units before any timing).
+
+        A measured width n uses its own discounted mean. Elsewhere the prior's
+        shape T(n)/T(1) is rescaled by the measured/prior ratio at the nearest
+        measured widths (linear in between, flat beyond), so a prior that is off
+        in scale or in slope is corrected where the controller has been and only
+        extrapolated a short way where it has not.
+        """
+        verify = self._verify_prediction(max_k + 1)
+        return verify + self._draft_per_token(verify[0]) * np.arange(max_k + 1)
+
+    def _draft_per_token(self, t1: float) -> float:
+        return (self._draft_sum + self.cost.draft_cost * t1) / (self._draft_tokens + 1.0)
+
+    def _verify_prediction(self, widths: int) -> np.ndarray:
+        seen = np.flatnonzero(self._verify_weight > 0)
+        if not seen.size:
+            return self._rel[:widths].copy()
+        ratio = self._verify_sum[seen] / self._verify_weight[seen] / self._rel[seen]
+        return self._rel[:widths] * np.interp(np.arange(widths), seen, ratio)
+
+    def best(self, max_k: int) -> Choice:
+        """The rate-maximising k in 0..min(max_k, max_depth), without exploration."""
+        k_max = max(0, min(max_k, self.max_depth))
+        return _best(self.alphas[:k_max], self.step_seconds(k_max))
+
+    def choose(self, max_k: int) -> int:
+        """Draft length for the next step, at most max_k (the engine's room
+        left): the rate-maximising k, a neighbour on exploration steps, 0 when
+        speculation cannot pay, or `probe_k` on a scheduled probe."""
+        if max_k <= 0:
+            return 0
+        best = self.best(max_k)
+        if best.k > 0:
+            self._interval, self._idle, self._probing = self.probe_interval, 0, False
+            self._spec_steps += 1
+            if self._spec_steps % self.explore_every:
+                return best.k
+            # Costs and acceptance beyond the argmax are extrapolated, and a
+            # pessimistic extrapolation would never be corrected: try a
+            # neighbour now and then, alternately deeper and shallower. Near
+            # the optimum the rate curve is flat, so this costs little.
+            up = self._spec_steps % (2 * self.explore_every) == 0
+            return min(best.k + 1, max_k, self.max_depth) if up else best.k - 1
+        self._idle += 1
+        if self._idle < self._interval:
+            return 0
+        self._idle, self._probing = 0, True
+        self.probes += 1
+        return min(self.probe_k, max_k, self.max_depth)
+
+    def observe(self, obs: StepObservation) -> None:
+        """Record one verified step: its acceptance outcome and its timings."""
+        if self._probing:
+            # Back off only while probes keep failing; an accepted draft may
+            # be the start of a new regime, so look again soon.
+            failed = obs.accepted == 0
+            self._interval = min(2 * self._interval, self.max_probe_interval) \
+                if failed else self.probe_interval
+            self._probing = False
+        self._accept(obs.drafted, obs.accepted)
+        self._time(obs)
+
+    def observe_shadow(self, drafted: int, matched: int) -> None:
+        """Acceptance evidence from a draft that was not verified: `matched` is
+        the length of its prefix equal to the tokens actually committed."""
+        if not 0 <= matched <= drafted:
+            raise ValueError(f"need 0 <= matched <= drafted, got {matched}, {drafted}")
+        self._accept(drafted, matched)
+        if drafted > 0:
+            self._idle = 0
+
+    def node_budget(self, max_nodes: int) -> NodeBudget:
+        """`best_node_budget` on this request's estimates and measured costs."""
+        best = self.best(max_nodes)
+        plain = self.step_seconds(0)[0]
+        return NodeBudget(best.k, best.tokens_per_pass, best.rate * plain)
+
+    def _time(self, obs: StepObservation) -> None:
+        n = obs.positions
+        # A zero reading is an untimed step (a stub clock), not a free forward.
+        if not obs.verify_seconds or n > self._verify_sum.size:
+            return
+        if not self._warm:
+            self._warm = True  # a request's first timed step may carry warm-up
+            return
+        # Clip one-off stalls (a new kernel shape, GC) to a few times the
+        # prediction: a width's mean only moves when that width is chosen
+        # again, so one slow step must not price it out for good.
+        verify = self._verify_prediction(n)
+        per_token = self._draft_per_token(verify[0])
+        timed = self._verify_weight.any()
+        self._verify_sum *= self._cost_gamma
+        self._verify_weight *= self._cost_gamma
+        self._verify_sum[n - 1] += min(obs.verify_seconds, 4.0 * verify[-1]) if timed \
+            else obs.verify_seconds
+        self._verify_weight[n - 1] += 1.0
+        if obs.draft_seconds is not None and obs.k_requested > 0:
+            # Per requested token: the request is what the controller chooses,
+            # and a proposer spends its time even when it finds nothing.
+            limit = 4.0 * per_token * obs.k_requested if self._draft_tokens else math.inf
+            self._draft_sum = self._draft_sum * self._cost_gamma + min(obs.draft_seconds, limit)
+            self._draft_tokens = self._draft_tokens * self._cost_gamma + obs.k_requested
+
+    def _accept(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return  # no evidence; forgetting is per observation so k = 0 does not drift
+        self._recent.append(_Outcome(drafted, accepted, float(self.alphas[0])))
+        self._count(drafted, accepted)
+        if len(self._recent) < self._recent.maxlen:
+            return
+        # Test the window against the belief held before it began: the current
+        # estimate has already absorbed the window and would mask the change.
+        p = min(max(self._recent[0].alpha_before, 0.01), 0.99)
+        hits = sum(1 for o in self._recent if o.accepted > 0)
+        if _binomial_tail(hits, len(self._recent), p) < self._change_p:
+            # Forget the old regime; the newest half of the window is the best
+            # evidence about the new one (the older half may straddle the change).
+            self.resets += 1
+            keep = list(self._recent)[len(self._recent) // 2:]
+            self._restart()
+            self._recent.clear()
+            for o in keep:
+                self._count(o.drafted, o.accepted)
+
+    def _restart(self) -> None:
+        # The prior lives in the depth-1 counts and decays with them, so after
+        # enough evidence it leaves no floor under the estimate.
+        self._succ[:] = 0.0
+        self._fail[:] = 0.0
+        self._succ[0] = self._prior_alpha * self._prior_strength
+        self._fail[0] = (1.0 - self._prior_alpha) * self._prior_strength
+
+    def _count(self, drafted: int, accepted: int) -> None:
+        self._succ *= self._gamma
+        self._fail *= self._gamma
+        self._succ[: min(accepted, self.max_depth)] += 1.0
+        if accepted < min(drafted, self.max_depth):
+            self._fail[accepted] += 1.0
