@@ -252,3 +252,19 @@ def test_prompt_that_nearly_fills_the_context():
     got = eng.generate(prompt, SamplingParams(max_new_tokens=8), SpecConfig("draft", k=8,
                                                                              draft="same"))
     assert got.token_ids == want.token_ids and len(got.token_ids) == 8
+
+
+@pytest.mark.parametrize("spec", [SpecConfig("ngram", k=8, adaptive=True),
+                                  SpecConfig("draft", k=8, draft="same", adaptive=True),
+                                  SpecConfig("draft", k=8, draft="random", adaptive=True)])
+def test_adaptive_k_stays_lossless(engine, target, spec):
+    """Adaptive k changes only how much is drafted, never the output; with a
+    useless draft it backs off toward k = 0."""
+    for prompt in PROMPTS[:2]:
+        want = plain(engine, prompt, 48)
+        got = engine.generate(prompt, SamplingParams(max_new_tokens=48), spec)
+        assert got.token_ids == want.token_ids
+        ks = [step.k for step in got.stats.steps]
+        assert max(ks) <= 8
+        if spec.draft == "random":
+            assert ks[-10:].count(0) >= 5

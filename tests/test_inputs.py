@@ -125,6 +125,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     (["generate", "--prompt", "hi", "--top-k", "-3"], "top_k"),
     (["generate", "--prompt-file", "/no/such/file"], "cannot read --prompt-file"),
     (["generate"], "give a prompt"),
+    (["generate", "--prompt", "hi", "--k", "many"], "--k takes a whole number or auto"),
     (["generate", "--prompt", "hi", "--model", "/no/such/dir"], "model path not found"),
 ])
 def test_cli_errors_exit_2_with_one_line(capsys, argv, message):

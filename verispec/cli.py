@@ -43,7 +43,12 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proposer", default="ngram", choices=available(),
                    help="who guesses the next tokens: ngram (prompt lookup, free), "
                         "draft (a small model or self:L), none (plain decoding)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per target pass; 0 = plain decoding")
+    p.add_argument("--k", default="4",
+                   help="draft tokens per target pass; 0 = plain decoding; auto = choose k "
+                        "each step to maximize tokens/s (capped by --k-max)")
+    p.add_argument("--k-max", type=int, default=8, help="largest k that --k auto may choose")
+    p.add_argument("--profile", default=None,
+                   help="cost profile from `verispec profile`, a prior for --k auto")
     p.add_argument("--draft", default=None,
                    help="for --proposer draft: a model path, or self:L to reuse the "
                         "target's first L layers (no extra weights)")
@@ -73,8 +78,13 @@ def sampling_from(args):
 def spec_from(args):
     from .config import SpecConfig
 
-    return SpecConfig(proposer=args.proposer, k=args.k, draft=args.draft,
-                      ngram_min=args.ngram_min, ngram_max=args.ngram_max)
+    adaptive = str(args.k) == "auto"
+    try:
+        k = args.k_max if adaptive else int(args.k)
+    except ValueError:
+        raise CliError(f"--k takes a whole number or auto, got {args.k!r}") from None
+    return SpecConfig(proposer=args.proposer, k=k, draft=args.draft, adaptive=adaptive,
+                      profile=args.profile, ngram_min=args.ngram_min, ngram_max=args.ngram_max)
 
 
 def _read_prompt(args) -> str:

@@ -39,7 +39,9 @@ class SamplingParams:
 @dataclass(frozen=True)
 class SpecConfig:
     proposer: str = "ngram"  # registry name: ngram, draft, none (see verispec.proposers)
-    k: int = 4  # draft tokens per step; 0 means plain decoding
+    k: int = 4  # draft tokens per step; 0 means plain decoding; with adaptive, the cap
+    adaptive: bool = False  # choose k per step to maximize expected tokens/s (verispec.policy)
+    profile: str | None = None  # cost profile JSON from `verispec profile`, a prior for adaptive
     draft: str | None = None  # for proposer=draft: a model path, or "self:L" for a layer-skip draft
     ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
     ngram_max: int = 4  # longest suffix it tries first

@@ -15,7 +15,9 @@ from typing import Iterator
 import torch
 
 from .config import SamplingParams, SpecConfig
+from .bench.economics import load_profile
 from .metrics import Stats, StepRecord
+from .policy import AdaptiveK, StepObservation
 from .models.base import TargetModel
 from .proposers.base import DraftContext, Proposal, Proposer
 from .rejection import Verdict, verify_greedy, verify_sampling
@@ -64,16 +66,24 @@ def speculate(
     stats.prompt_tokens = len(prompt)
     stats.time_prefill = time.perf_counter() - started
     generated: list[int] = []
+    controller = _controller(spec)
+    # A free, stateless proposer can be asked at k = 0 for a shadow guess that
+    # measures acceptance without a verify cost (see verispec.policy).
+    shadows = controller is not None and proposer.name == "ngram"
 
     while True:
         # Never draft past max_new_tokens (the bonus token needs one slot) or
         # past the model's context.
-        budget = min(spec.k, sampling.max_new_tokens - len(generated) - 1,
-                     target.max_context - len(tokens))
+        room = min(spec.k, sampling.max_new_tokens - len(generated) - 1,
+                   target.max_context - len(tokens))
+        budget = controller.choose(room) if controller and room > 0 else room
         t0 = time.perf_counter()
-        proposal = Proposal.empty()
+        proposal = shadow = Proposal.empty()
+        ctx = DraftContext(tokens, len(prompt), hidden)
         if budget > 0:
-            proposal = proposer.propose(DraftContext(tokens, len(prompt), hidden), budget)
+            proposal = proposer.propose(ctx, budget)
+        elif shadows and room > 0:
+            shadow = proposer.propose(ctx, 1)
         drafts = proposal.tokens[:budget]
         draft_probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
         t1 = time.perf_counter()
@@ -97,6 +107,11 @@ def speculate(
         tokens.extend(committed)
         stats.time_draft += t1 - t0
         stats.time_verify += t2 - t1
+        if controller:
+            controller.observe(StepObservation(budget, len(drafts), verdict.num_accepted,
+                                               t1 - t0, t2 - t1))
+            if len(shadow):
+                controller.observe_shadow(1, int(int(shadow.tokens[0]) == committed[0]))
         stats.record(StepRecord(proposer.name, budget, len(drafts),
                                 verdict.num_accepted, len(committed)))
         stats.time_total = time.perf_counter() - started
@@ -105,6 +120,12 @@ def speculate(
         yield Step(committed, reason)
         if reason:
             return
+
+
+def _controller(spec: SpecConfig) -> AdaptiveK | None:
+    if not spec.adaptive:
+        return None
+    return AdaptiveK(load_profile(spec.profile) if spec.profile else None)
 
 
 def _verify(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
