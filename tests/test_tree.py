@@ -10,7 +10,6 @@ from scipy.stats import chisquare
 from conftest import tiny_llama, tiny_target
 from verispec import rejection
 from verispec.config import SamplingParams
-from verispec.models.hf import HFModel
 from verispec.rejection import verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
 from verispec.tree import ROOT, TokenTree, tree_attention, tree_step
 
@@ -106,11 +105,15 @@ def test_cache_after_tree_steps_equals_cache_of_committed_tokens(target, tempera
     accepted = 0
     for step in range(6):
         tree = TokenTree.from_paths(_random_paths(committed, target, step))
-        result = tree_step(target, cache, committed, tree, sampling, gen)
+        past_len = cache.length
+        result = tree_step(target, cache, committed, tree, sampling, gen, hidden_layers=(1,))
         committed += result.tokens
         accepted += result.num_accepted
         assert cache.length == len(committed) - 1
-    fresh = _prefilled(target, committed)
+    fresh = target.new_cache()
+    chain = target.forward(torch.tensor(committed[:-1]), fresh, hidden_layers=(1,))
+    # The last step's hidden rows are the root's and the accepted nodes', as a chain's would be.
+    torch.testing.assert_close(result.hidden[0], chain.hidden[0][past_len:], atol=1e-5, rtol=1e-5)
     for got, want in zip(_kv(cache), _kv(fresh)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     last = torch.tensor(committed[-1:])
@@ -128,7 +131,18 @@ def _random_paths(committed: list[int], target, seed: int) -> list[list[int]]:
     first = int(target.forward(torch.tensor(committed[-1:]), probe).logits[-1].argmax())
     second = int(target.forward(torch.tensor([first]), probe).logits[-1].argmax())
     noise = torch.randint(0, target.vocab_size, (3, 3), generator=gen).tolist()
-    return [[first, second, noise[0][0]], [first, noise[0][1]], noise[1], noise[2][:1]]
+    # The greedy path's nodes are not adjacent in feed order, so compaction must move entries.
+    return [noise[1], [first, noise[0][1]], [first, second, noise[0][0]], noise[2][:1]]
+
+
+def test_empty_tree_is_one_decode_step(target):
+    committed = _prompt()
+    cache = _prefilled(target, committed)
+    empty = TokenTree(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
+    greedy = SamplingParams(temperature=0.0)
+    result = tree_step(target, cache, committed, empty, greedy, torch.Generator())
+    assert result.tokens == _greedy_reference(target, committed, 1) and result.bonus
+    assert cache.length == len(committed)
 
 
 def test_hf_compact_contract():
@@ -208,9 +222,13 @@ def test_chain_tree_verifies_like_the_chain_verifier():
 
 V = 5
 GEN = torch.Generator().manual_seed(2024)
-TARGET = torch.distributions.Dirichlet(torch.full((V,), 3.0)).sample((3,))  # [depth, V]
-TARGET = (TARGET + 0.05) / (TARGET + 0.05).sum(-1, keepdim=True)
-DRAFT = torch.softmax(torch.randn(3, V, V, generator=GEN) * 1.5, -1)  # [depth, parent token, V]
+# [depth, V]; every entry >= ~0.05 so each chi-square cell is well filled.
+TARGET = torch.softmax(torch.randn(3, V, generator=GEN), -1) + 0.05
+TARGET = TARGET / TARGET.sum(-1, keepdim=True)
+# [depth, parent token, V]: the target's row perturbed per parent, so the draft
+# depends on context, overlaps the target enough to reach depth 2 often, and
+# still disagrees enough for a wrong residual rule to show.
+DRAFT = torch.softmax(TARGET.log()[:, None] + torch.randn(3, V, V, generator=GEN), -1)
 
 
 def _widths_tree(widths: tuple[int, int]) -> tuple[list[int], list[int]]:
@@ -223,22 +241,25 @@ def _widths_tree(widths: tuple[int, int]) -> tuple[list[int], list[int]]:
 def _draw_trees(samples: int, widths, iid: bool, gen: torch.Generator):
     """Tokens [samples, N] and draft rows [samples, N, V]; the context before the
     root is token 0. iid: children i.i.d. from DRAFT[depth - 1, parent token];
-    otherwise distinct candidates from a random permutation (deterministic given
-    a context the target ignores)."""
+    otherwise distinct candidates, which the one-hot rule treats as fixed
+    given the context (their randomness is independent of the verifier's)."""
     parents, depths = _widths_tree(widths)
     n = len(parents)
     tokens = torch.zeros(samples, n, dtype=torch.long)
     rows = torch.zeros(samples, n, V)
+    ranked: dict[int, torch.Tensor] = {}  # parent -> [samples, V] candidate order
     for i, (parent, depth) in enumerate(zip(parents, depths)):
         parent_tok = torch.zeros(samples, dtype=torch.long) if parent == ROOT else tokens[:, parent]
         rows[:, i] = DRAFT[depth - 1, parent_tok]
         if iid:
             tokens[:, i] = torch.multinomial(rows[:, i], 1, generator=gen).squeeze(-1)
-    if not iid:
-        for parent in sorted(set(parents)):
-            kids = [i for i, p in enumerate(parents) if p == parent]
-            order = torch.rand(samples, V, generator=gen).argsort(-1)[:, : len(kids)]
-            tokens[:, kids] = order
+            continue
+        if parent not in ranked:
+            # Gumbel top-k of the draft row: distinct candidates, concentrated
+            # where the draft is, so a wrong residual rule shows.
+            gumbel = -torch.log(-torch.log(torch.rand(samples, V, generator=gen)))
+            ranked[parent] = (rows[:, i].log() + gumbel).argsort(-1, descending=True)
+        tokens[:, i] = ranked[parent][:, parents[:i].count(parent)]
     return parents, depths, tokens, rows
 
 
@@ -285,22 +306,24 @@ def test_distribution_check_catches_a_skipped_residual(monkeypatch, widths, iid)
 
 
 def test_report_tokens_per_pass_tree_vs_chain():
-    """Same drafted node count (6), same toy target and draft, sampling at T=1."""
+    """Six drafted nodes each, same toy target and draft, sampling at T=1."""
     samples = 4000
     gen = torch.Generator().manual_seed(5)
     chain_total = 0
+    target_probs = TARGET[[min(d, 2) for d in range(7)]]  # [7, V], context-free by depth
     for _ in range(samples):
         drafts, rows, prev = [], [], 0
         for depth in range(6):
-            q = DRAFT[min(depth, 2), prev]
-            prev = int(torch.multinomial(q, 1, generator=gen))
+            rows.append(DRAFT[min(depth, 2), prev])
+            prev = int(torch.multinomial(rows[-1], 1, generator=gen))
             drafts.append(prev)
-            rows.append(q)
-        target_probs = TARGET[[min(d, 2) for d in range(7)]]
-        chain_total += len(verify_sampling(torch.tensor(drafts), torch.stack(rows), target_probs,
-                                           gen).tokens)
-    counts = _emitted_counts(samples, (2, 2), True, seed=6)
-    tree_total = sum(int(c.sum()) for c in counts)
-    print(f"\ntokens per pass, 6 drafted nodes: chain {chain_total / samples:.3f}, "
-          f"tree 2x2 (6 nodes, depth 2) {tree_total / samples:.3f}")
-    assert tree_total >= samples and chain_total >= samples
+        verdict = verify_sampling(torch.tensor(drafts), torch.stack(rows), target_probs, gen)
+        chain_total += len(verdict.tokens)
+    report = [f"chain x6 {chain_total / samples:.3f}"]
+    for widths, iid in [((2, 2), True), ((3, 1), True), ((2, 2), False), ((3, 1), False)]:
+        counts = _emitted_counts(samples, widths, iid, seed=6)
+        total = sum(int(c.sum()) for c in counts)
+        report.append(f"tree {widths[0]}x{widths[1]} {'iid' if iid else 'top-k'} {total / samples:.3f}")
+        assert total >= samples
+    print("\ntokens per target pass, 6 drafted nodes: " + "; ".join(report))
+    assert chain_total >= samples

@@ -13,10 +13,14 @@ et al. 2023 prove the emitted tokens are distributed exactly as the target's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .sampling import sample
+
+if TYPE_CHECKING:
+    from .tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,113 @@ def verify_sampling(
     residual = residual / total if total > 0 else target_probs[i]
     tokens.append(int(sample(residual, generator)))
     return Verdict(num_accepted, tokens, bonus=False)
+
+
+# ---------------------------------------------------------------------------
+# Token trees: one target forward scores every node, and the verifier walks
+# down from the root. The chain functions above are the special case of a tree
+# whose every node has one child.
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    path: list[int]  # accepted node indices, root's child first; each is the parent of the next
+    tokens: list[int]  # the accepted nodes' tokens, then one recovered or bonus token
+    num_accepted: int  # len(path)
+    bonus: bool  # True when the last accepted node (or the root) is a leaf
+
+
+def verify_tree_greedy(tree: "TokenTree", target_logits: torch.Tensor) -> TreeVerdict:
+    """Follow the target's argmax down the tree. target_logits: [N + 1, vocab],
+    row 0 for the root (the last committed token), row i + 1 for node i."""
+    argmax = target_logits.argmax(-1).tolist()  # [N + 1]
+    tokens = tree.token_list
+    node, path = -1, []
+    while True:
+        want = argmax[node + 1]
+        # Duplicate siblings carry identical subtrees' prefixes; the first one wins.
+        nxt = next((c for c in tree.children(node) if tokens[c] == want), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    emitted = [tokens[i] for i in path] + [argmax[node + 1]]
+    return TreeVerdict(path, emitted, len(path), bonus=not tree.children(node))
+
+
+def verify_tree_sampling(
+    tree: "TokenTree",
+    target_probs: torch.Tensor,  # [N + 1, vocab], already temperature/top-k/top-p transformed
+    generator: torch.Generator,
+) -> TreeVerdict:
+    """Multi-draft recursive rejection sampling over a token tree: SpecInfer's
+    multi-step speculative sampling (Miao et al. 2023, Alg. 2 and Thm. 4.2), the
+    scheme EAGLE (Li et al. 2024) uses for its sampled trees.
+
+    At a node whose children c1..cm were drafted from distributions q_c1..q_cm
+    (a child's own row of tree.draft_probs; one-hot on its token when
+    draft_probs is None), with the residual r starting as the target p at the
+    node, child c is accepted with probability min(1, r[x_c] / q_c[x_c]), and
+    on rejection r <- normalize(max(0, r - q_c)). Accepting moves the walk to
+    c, where r restarts as the target at c; a rejection of every child ends
+    the walk with one token drawn from the final r; reaching a leaf ends it
+    with a bonus token drawn from the target there.
+
+    Lossless when, given their parent, the children's tokens are independent
+    draws from their q (siblings i.i.d. with replacement, duplicates kept: each
+    round is then an ordinary speculative-sampling step against the residual
+    left by the rounds before, and the last residual is exactly what the
+    rounds missed), or deterministic candidates (q one-hot, where the update
+    zeroes the rejected token: EAGLE's code). Siblings sampled WITHOUT
+    replacement, or i.i.d. siblings with duplicates merged, need another rule
+    (Jeon et al. 2024, recursive speculative decoding) and are not lossless here.
+    """
+    device = target_probs.device
+    n = len(tree)
+    tokens = tree.token_list
+    draft_probs = tree.draft_probs
+    if draft_probs is None:
+        draft_at_token = [1.0] * n
+    else:
+        draft_probs = draft_probs.to(device)
+        rows = torch.arange(n, device=device)
+        draft_at_token = draft_probs[rows, tree.tokens.to(device)].tolist()  # [N]
+    # Each node is tried at most once per walk, so one uniform per node suffices.
+    uniforms = torch.rand(n, generator=generator, device=device).tolist()  # [N]
+    node, path = -1, []
+    while True:
+        children = tree.children(node)
+        residual = target_probs[node + 1]  # [vocab]
+        if not children:
+            path_tokens = [tokens[i] for i in path]
+            return TreeVerdict(path, path_tokens + [int(sample(residual, generator))],
+                               len(path), bonus=True)
+        accepted = None
+        for child in children:
+            x = tokens[child]
+            # u < r/q accepts with probability min(1, r/q) without a division.
+            if uniforms[child] * draft_at_token[child] < float(residual[x]):
+                accepted = child
+                break
+            draft = draft_probs[child] if draft_probs is not None else None
+            residual = _residual(residual, draft, x)
+        if accepted is None:
+            path_tokens = [tokens[i] for i in path]
+            return TreeVerdict(path, path_tokens + [int(sample(residual, generator))],
+                               len(path), bonus=False)
+        path.append(accepted)
+        node = accepted
+
+
+def _residual(probs: torch.Tensor, draft: torch.Tensor | None, token: int) -> torch.Tensor:
+    """normalize(max(0, probs - draft)), the distribution of what a rejected
+    round leaves; draft None is a one-hot on `token`, which this zeroes."""
+    if draft is None:
+        left = probs.clone()
+        left[token] = 0.0
+    else:
+        left = (probs - draft).clamp_min(0.0)
+    total = left.sum()
+    # Zero mass only arises through float rounding when probs ~= draft; a
+    # rejection then had probability ~0 and `probs` is the nearest exact answer.
+    return left / total if total > 0 else probs
