@@ -4,6 +4,7 @@ strings and max_new_tokens hold inside an accepted block."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from verispec.models.hf import HFModel
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], [42], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
 SPECS = {
     "ngram": SpecConfig(proposer="ngram"),
+    "ngram-tree": SpecConfig(proposer="ngram", tree=16),
     "self:2": SpecConfig(proposer="draft", draft="self:2"),
     "same-model": SpecConfig(proposer="draft", draft="same"),
     "random-draft": SpecConfig(proposer="draft", draft="random"),
@@ -64,7 +66,7 @@ def test_plain_loop_matches_transformers_generate(engine, tiny):
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("name", list(SPECS))
 def test_greedy_equality(engine, target, name, k):
-    spec = SpecConfig(proposer=SPECS[name].proposer, draft=SPECS[name].draft, k=k)
+    spec = dataclasses.replace(SPECS[name], k=k)
     for prompt in PROMPTS:
         want = plain(engine, prompt)
         got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
@@ -78,13 +80,15 @@ def test_greedy_equality(engine, target, name, k):
             assert got.stats.acceptance_rate < 0.15
 
 
-def test_ngram_accepts_on_repetitive_model():
+@pytest.mark.parametrize("tree", [0, 12])
+def test_ngram_accepts_on_repetitive_model(tree):
     """Non-vacuity: on a small-vocabulary model whose output cycles, prompt
     lookup drafts and gets drafts accepted, and output is still identical."""
     target = tiny_target(1, layers=1, vocab=12)
     engine = Engine(target)
     want = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=60), SpecConfig("none", k=0))
-    got = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=60), SpecConfig("ngram", k=4))
+    got = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=60),
+                          SpecConfig("ngram", k=4, tree=tree))
     assert got.token_ids == want.token_ids
     assert got.stats.drafted > 0 and got.stats.accepted > 0
     assert got.stats.target_forwards < want.stats.target_forwards
@@ -139,7 +143,7 @@ def test_stop_string_inside_a_block(engine):
     start = text.find(stop)
     last_token = start + len(stop) - 1  # one character per token
     for spec in (SpecConfig("none", k=0), SpecConfig("draft", k=8, draft="same"),
-                 SpecConfig("ngram", k=5)):
+                 SpecConfig("ngram", k=5), SpecConfig("ngram", k=5, tree=12)):
         got = engine.generate(prompt, SamplingParams(max_new_tokens=40, stop=(stop,)), spec)
         assert got.token_ids == free[: last_token + 1], spec
         assert got.text == text[:start]
@@ -216,15 +220,17 @@ def test_cache_holds_exactly_the_committed_tokens(engine, target, spec):
     assert len(decode_calls) == len(got.stats.steps)
 
 
+@pytest.mark.parametrize("tree", [0, 12])
 @pytest.mark.parametrize("ngram_min, ngram_max, k", [(1, 2, 2), (1, 4, 4), (4, 8, 8),
                                                      (4, 12, 3), (8, 16, 6)])
-def test_output_identical_across_ngram_settings(ngram_min, ngram_max, k):
+def test_output_identical_across_ngram_settings(ngram_min, ngram_max, k, tree):
     """As llama.cpp's server tests: draft size settings never change the output."""
     target = tiny_target(1, layers=1, vocab=12)
     eng = Engine(target)
     want = eng.generate([1, 2, 3], SamplingParams(max_new_tokens=50), SpecConfig("none", k=0))
     got = eng.generate([1, 2, 3], SamplingParams(max_new_tokens=50),
-                       SpecConfig("ngram", k=k, ngram_min=ngram_min, ngram_max=ngram_max))
+                       SpecConfig("ngram", k=k, tree=tree, ngram_min=ngram_min,
+                                  ngram_max=ngram_max))
     assert got.token_ids == want.token_ids
 
 

@@ -52,6 +52,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="for --proposer draft: a model path, or self:L to reuse the "
                         "target's first L layers (no extra weights)")
+    p.add_argument("--tree", type=int, default=0,
+                   help="node budget of a token tree verified in one pass (ngram: one branch "
+                        "per distinct match); 0 = a chain of k tokens")
     p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix n-gram to look up")
     p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
 
@@ -83,7 +86,7 @@ def spec_from(args):
         k = args.k_max if adaptive else int(args.k)
     except ValueError:
         raise CliError(f"--k takes a whole number or auto, got {args.k!r}") from None
-    return SpecConfig(proposer=args.proposer, k=k, draft=args.draft, adaptive=adaptive,
+    return SpecConfig(proposer=args.proposer, k=k, draft=args.draft, adaptive=adaptive, tree=args.tree,
                       profile=args.profile, ngram_min=args.ngram_min, ngram_max=args.ngram_max)
 
 

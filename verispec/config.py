@@ -43,6 +43,7 @@ class SpecConfig:
     adaptive: bool = False  # choose k per step to maximize expected tokens/s (verispec.policy)
     profile: str | None = None  # cost profile JSON from `verispec profile`, a prior for adaptive
     draft: str | None = None  # for proposer=draft: a model path, or "self:L" for a layer-skip draft
+    tree: int = 0  # node budget for tree drafts (verified in one pass); 0 drafts a chain
     ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
     ngram_max: int = 4  # longest suffix it tries first
     extra: dict = field(default_factory=dict, compare=False)  # proposer-specific options
@@ -50,6 +51,8 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.k < 0:
             raise ValueError(f"k must be >= 0, got {self.k}")
+        if self.tree < 0:
+            raise ValueError(f"tree node budget must be >= 0, got {self.tree}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")

@@ -23,6 +23,7 @@ from .proposers.base import DraftContext, Proposal, Proposer
 from .rejection import Verdict, verify_greedy, verify_sampling
 from .sampling import logits_to_probs
 from .stopping import Stopper
+from .tree import tree_step
 
 
 @dataclass
@@ -55,7 +56,8 @@ def speculate(
 ) -> Iterator[Step]:
     validate_prompt(target, prompt, sampling)
     started = time.perf_counter()
-    cache = target.new_cache(capacity=len(prompt) + sampling.max_new_tokens)
+    # A tree step briefly holds all its nodes before compaction.
+    cache = target.new_cache(capacity=len(prompt) + sampling.max_new_tokens + spec.tree)
     tokens = list(prompt)
     hidden_layers = proposer.hidden_layers
     hidden: tuple[torch.Tensor, ...] = ()
@@ -84,21 +86,23 @@ def speculate(
             proposal = proposer.propose(ctx, budget)
         elif shadows and room > 0:
             shadow = proposer.propose(ctx, 1)
-        drafts = proposal.tokens[:budget]
-        draft_probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
         t1 = time.perf_counter()
-
-        feed = torch.cat([torch.tensor([tokens[-1]]), drafts.to(torch.long)])  # [k + 1]
-        out = target.forward(feed, cache, hidden_layers=hidden_layers)  # logits [k + 1, vocab]
-        verdict = _verify(drafts, draft_probs, out.logits, sampling, generator)
-        # Roll back the rejected drafts: keep the fed token and the accepted ones.
-        cache.truncate(len(tokens) + verdict.num_accepted)
-        hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
+        if proposal.tree is not None:
+            # Depth <= budget keeps max_new_tokens; node count keeps the context.
+            room_nodes = min(target.max_context, getattr(cache, "capacity", None)
+                             or target.max_context) - len(tokens)
+            tree = proposal.tree.trimmed(max_depth=budget, max_nodes=room_nodes)
+            result = tree_step(target, cache, tokens, tree, sampling, generator, hidden_layers)
+            outcome = StepOutcome(result.tokens, result.num_accepted, len(tree), result.hidden)
+        else:
+            outcome = _chain_step(target, cache, tokens, proposal, budget, sampling, generator,
+                                  hidden_layers)
+        hidden = outcome.hidden
         t2 = time.perf_counter()
 
         committed: list[int] = []
         reason = None
-        for token in verdict.tokens:
+        for token in outcome.tokens:
             committed.append(token)
             generated.append(token)
             reason = stopper.check(generated)
@@ -108,18 +112,40 @@ def speculate(
         stats.time_draft += t1 - t0
         stats.time_verify += t2 - t1
         if controller:
-            controller.observe(StepObservation(budget, len(drafts), verdict.num_accepted,
+            controller.observe(StepObservation(budget, outcome.drafted, outcome.num_accepted,
                                                t1 - t0, t2 - t1))
             if len(shadow):
                 controller.observe_shadow(1, int(int(shadow.tokens[0]) == committed[0]))
-        stats.record(StepRecord(proposer.name, budget, len(drafts),
-                                verdict.num_accepted, len(committed)))
+        stats.record(StepRecord(proposer.name, budget, outcome.drafted,
+                                outcome.num_accepted, len(committed)))
         stats.time_total = time.perf_counter() - started
         if reason:
             stats.finish_reason = reason
         yield Step(committed, reason)
         if reason:
             return
+
+
+@dataclass
+class StepOutcome:
+    tokens: list[int]  # accepted drafts, then one recovered or bonus token
+    num_accepted: int
+    drafted: int  # draft tokens (chain) or tree nodes verified
+    hidden: tuple[torch.Tensor, ...]  # per requested layer, rows of the committed positions
+
+
+def _chain_step(target: TargetModel, cache, tokens: list[int], proposal: Proposal, budget: int,
+                sampling: SamplingParams, generator: torch.Generator,
+                hidden_layers) -> StepOutcome:
+    drafts = proposal.tokens[:budget]
+    draft_probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
+    feed = torch.cat([torch.tensor([tokens[-1]]), drafts.to(torch.long)])  # [k + 1]
+    out = target.forward(feed, cache, hidden_layers=hidden_layers)  # logits [k + 1, vocab]
+    verdict = _verify(drafts, draft_probs, out.logits, sampling, generator)
+    # Roll back the rejected drafts: keep the fed token and the accepted ones.
+    cache.truncate(len(tokens) + verdict.num_accepted)
+    hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
+    return StepOutcome(verdict.tokens, verdict.num_accepted, len(drafts), hidden)
 
 
 def _controller(spec: SpecConfig) -> AdaptiveK | None:

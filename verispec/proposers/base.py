@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 if TYPE_CHECKING:
+    from ..tree import TokenTree
     from ..config import SamplingParams, SpecConfig
     from ..models.base import TargetModel
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 class Proposal:
     tokens: torch.Tensor  # [k'] int64 with k' <= k
     draft_probs: torch.Tensor | None = None  # [k', vocab]; None means a one-hot draft
+    tree: "TokenTree | None" = None  # a tree of candidates instead of a chain (tokens unused)
 
     @staticmethod
     def empty() -> "Proposal":
