@@ -57,7 +57,8 @@ def speculate(
     validate_prompt(target, prompt, sampling)
     started = time.perf_counter()
     # A tree step briefly holds all its nodes before compaction.
-    cache = target.new_cache(capacity=len(prompt) + sampling.max_new_tokens + spec.tree)
+    cache = target.new_cache(capacity=min(target.max_context,
+                                          len(prompt) + sampling.max_new_tokens + spec.tree))
     tokens = list(prompt)
     hidden_layers = proposer.hidden_layers
     hidden: tuple[torch.Tensor, ...] = ()
