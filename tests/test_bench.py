@@ -175,3 +175,13 @@ def test_cli_bench_on_the_default_model(tmp_path, capsys):
     data = json.loads((tmp_path / "results.json").read_text())
     ngram = next(r for r in data["records"] if r["config"] == "ngram")
     assert ngram["vs_plain"] in ("identical", "near-tie")
+
+
+def test_proposer_modifiers():
+    from verispec.bench.runner import proposer_spec
+
+    spec = proposer_spec("ngram+tree=16+auto", 6, None)
+    assert (spec.proposer, spec.k, spec.tree, spec.adaptive) == ("ngram", 6, 16, True)
+    assert proposer_spec("self:4+auto", 3, None).draft == "self:4"
+    with pytest.raises(ValueError, match="unknown modifier"):
+        proposer_spec("ngram+fast", 4, None)

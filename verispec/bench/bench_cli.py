@@ -221,8 +221,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--workload", default="all",
                        help=f"comma list of {', '.join(WORKLOADS)}, or all (default all)")
     bench.add_argument("--proposer", default="none,ngram",
-                       help="comma list: none, ngram, self:L, draft, or a registered name "
-                            "(default none,ngram)")
+                       help="comma list: none, ngram, self:L, draft, or a registered name, "
+                            "each with optional +tree=N (token tree) or +auto (adaptive k), "
+                            "e.g. ngram+tree=16,ngram+auto (default none,ngram)")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per target pass (default 4)")
     bench.add_argument("--sweep-k", default=None, metavar="RANGE",
                        help="also run each speculative proposer at every k: 1..10 or 1,2,4,8 "

@@ -120,7 +120,23 @@ def parse_k_list(text: str) -> list[int]:
 
 
 def proposer_spec(token: str, k: int, draft: str | None) -> SpecConfig:
-    """The SpecConfig a command-line proposer token stands for."""
+    """The SpecConfig a command-line proposer token stands for: a name
+    (none, ngram, self:L, draft, ...) with optional modifiers `+tree=N` (a token
+    tree of N nodes) and `+auto` (adaptive k, capped at k)."""
+    name, *modifiers = token.split("+")
+    spec = _base_spec(name, k, draft)
+    for modifier in modifiers:
+        if modifier == "auto":
+            spec = replace(spec, adaptive=True)
+        elif modifier.startswith("tree=") and modifier[5:].isdigit():
+            spec = replace(spec, tree=int(modifier[5:]))
+        else:
+            raise ValueError(f"proposer {token!r}: unknown modifier {modifier!r}; "
+                             "use +auto or +tree=N")
+    return spec
+
+
+def _base_spec(token: str, k: int, draft: str | None) -> SpecConfig:
     from .. import proposers
 
     if token == "none":

@@ -1,0 +1,65 @@
+"""JIT-build the bf16 AMX matmul kernel (gemv_bf16.cpp) once per machine.
+
+The build lands in $VERISPEC_CACHE/kernels (default ~/.cache/verispec/kernels)
+and later imports reuse it; torch's cpp_extension rebuilds when the source or
+flags change. Anything that stops the kernel (no AMX-BF16, no compiler, a
+failed build, VERISPEC_NO_KERNELS=1) yields None and one warning: callers keep
+their oneDNN path, so the project works without it.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("gemv_bf16.cpp")
+_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-fopenmp"]
+_REQUIRED = ("avx512f", "avx512bw", "amx_tile", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _build_dir() -> Path:
+    from ..models.loading import cache_root
+
+    path = cache_root() / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build():
+    """The compiled module, or None (with a warning saying why) when unavailable."""
+    if os.environ.get("VERISPEC_NO_KERNELS"):
+        return None
+    missing = [f for f in _REQUIRED if f not in cpu_flags()]
+    if missing:
+        warnings.warn(f"verispec: bf16 matmul kernel off (CPU lacks {', '.join(missing)}); "
+                      f"using oneDNN", stacklevel=3)
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        # -fopenmp links libgomp.so.1 by soname, which resolves to the copy torch
+        # already loaded, so at::parallel_for shares torch's one thread pool.
+        module = load(name="verispec_gemv_bf16", sources=[str(_SOURCE)],
+                      extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
+                      build_directory=str(_build_dir()), verbose=False)
+        if not module.init():
+            warnings.warn("verispec: bf16 matmul kernel off (the OS refused AMX tile state); "
+                          "using oneDNN", stacklevel=3)
+            return None
+        return module
+    except Exception as err:  # compiler, ninja or headers missing: fall back, don't fail
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        warnings.warn(f"verispec: bf16 matmul kernel off (build failed: {first}); using oneDNN",
+                      stacklevel=3)
+        return None
