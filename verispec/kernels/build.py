@@ -59,7 +59,7 @@ def build():
             return None
         return module
     except Exception as err:  # compiler, ninja or headers missing: fall back, don't fail
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
         warnings.warn(f"verispec: bf16 matmul kernel off (build failed: {first}); using oneDNN",
                       stacklevel=3)
         return None

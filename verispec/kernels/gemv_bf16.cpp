@@ -14,7 +14,8 @@
 // ~1.06e9 VDPBF16PS/s (34 GMAC/s), so the ~135M-MAC default model needs ~4 ms of
 // compute per row on a core: compute-bound from n ~= 3. One TDPBF16PS does
 // 8192 MACs, so 16 rows cost the same as one and the product stays memory-bound.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -188,7 +189,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("init", &init, "CPU has AMX-BF16 and the OS granted tile state");
-  m.def("pack", &pack, "repack a bf16 [out, in] weight into AMX B tiles");
+  m.def("pack", &pack, "repack a bf16 [out, in] weight into AMX B tiles",
+        py::call_guard<py::gil_scoped_release>());
   m.def("linear", &linear, "bf16 x @ W.T (+ bias) from a packed W; row-invariant",
-        py::arg("x"), py::arg("packed"), py::arg("out"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("packed"), py::arg("out"), py::arg("bias") = py::none(),
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from .llama_config import LlamaSpec
 
 
@@ -27,14 +28,23 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    """y = x @ W.T + b for x of shape [rows, in]."""
+    """y = x @ W.T + b for x of shape [rows, in].
+
+    bf16 on CPU runs verispec's AMX kernel (verispec.kernels) when it builds: it
+    streams the weight once for up to 16 rows (oneDNN's one-row bf16 product
+    reaches about half the memory bandwidth) and is row-invariant for any row
+    count. Otherwise oneDNN's packed product, else F.linear.
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  pack: bool = True) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.packed = pack and _can_pack(weight)
-        if self.packed:
+        self.kernel = pack and _can_pack(weight) and kernels.available()
+        self.packed = pack and _can_pack(weight) and not self.kernel
+        if self.kernel:
+            self.weight = kernels.pack(weight)
+        elif self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
         else:
             self.weight = weight.contiguous()
@@ -42,11 +52,17 @@ class Linear:
     @property
     def row_invariant(self) -> bool:
         """Whether a row's result is independent of the other rows and their count.
-        True for oneDNN's packed bf16 kernels (checked for 1..64 and 200 rows); plain
-        fp32 GEMMs only keep a row's bits when the row count is fixed."""
-        return self.packed
+        True for the AMX kernel (by construction) and oneDNN's packed bf16 kernels
+        (checked for 1..64 and 200 rows); plain fp32 GEMMs only keep a row's bits
+        when the row count is fixed."""
+        return self.kernel or self.packed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel and x.dtype == torch.bfloat16 and x.dim() == 2:
+            return kernels.linear(x, self.weight, self.out_features, self.bias)
+        if self.kernel:
+            raise ValueError(f"Linear with a kernel-packed weight needs bf16 [rows, in], "
+                             f"got {x.dtype} {tuple(x.shape)}")
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
