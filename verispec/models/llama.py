@@ -11,8 +11,9 @@ logits as the other: ordinary bf16 noise.
 Batch-invariant mode (`batch_invariant=True`) makes a position's logits and
 cached keys/values bit-identical whether it is forwarded alone or inside a block
 of any size: forwards are padded to ROW_TILE rows and attention runs on fixed
-tiles (see llama_attention.invariant_attend). It holds on CPU for bf16 (packed
-oneDNN GEMMs are row-invariant) and float32 (GEMMs run in fixed ROW_TILE tiles).
+tiles (see llama_attention.invariant_attend). It holds on CPU for bf16 (the AMX
+kernel and packed oneDNN GEMMs are row-invariant) and float32 (GEMMs run in
+fixed ROW_TILE tiles).
 
 Hidden states follow HF's `output_hidden_states` index for index: 0 is the
 token embeddings, l in [1, num_layers) is the output of decoder layer l, and

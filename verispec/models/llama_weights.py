@@ -1,11 +1,13 @@
 """Load a Llama-family safetensors checkpoint into fused, matmul-ready weights.
 
 q/k/v become one [q + 2 kv, hidden] matrix and gate/up one [2 inter, hidden]
-matrix, so each layer runs four matmuls. On CPU the matrices are prepacked
-into oneDNN's blocked layout once: an unpacked bf16 F.linear reorders its
-weight on every call, which roughly doubles the cost of a one-row decode. For
-rows <= 32 the packed product is bit-identical to F.linear, and a row's result
-does not depend on how many other rows share the call (tests check both).
+matrix, so each layer runs four matmuls. bf16 matrices on a CPU with AMX are
+packed once into the tile layout of verispec's own kernel (verispec/kernels),
+which streams each weight once for up to 16 rows and sums every output in a
+fixed order, so a row's result never depends on the other rows in the call.
+Elsewhere they are prepacked into oneDNN's blocked layout: an unpacked bf16
+F.linear reorders its weight on every call, which roughly doubles the cost of
+a one-row decode; for rows <= 32 that packed product is row-invariant too.
 """
 from __future__ import annotations
 
