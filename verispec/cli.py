@@ -27,7 +27,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="a local HF model directory or a .gguf file "
                         "(default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "fp16"],
-                   help="auto = bf16 on CUDA or CPUs with AMX/AVX512-BF16, else fp32")
+                   help="auto = bf16 on CUDA or CPUs with AMX/AVX512-BF16 (fp32 for --backend hf on CPU), else fp32")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     p.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
                    help="native = verispec's fast Llama-family forward; hf = transformers "

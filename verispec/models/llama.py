@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from ..kv_cache import StaticKVCache
 from .base import ForwardOutput, TargetModel
-from .llama_attention import KEY_TILE, ROW_TILE, AttentionMask, attend, invariant_attend
+from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, attend, invariant_attend,
+                              rowwise_attend)
 from .llama_config import LlamaSpec, parse_config, rope_tables
 from .llama_config import supports as _supports
 from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
@@ -176,8 +177,12 @@ class NativeLlama(TargetModel):
             # Fixed-size row blocks make every matmul see the same shapes whatever n is.
             rows = -(-n // ROW_TILE) * ROW_TILE
             tokens, cos, sin = (_pad_rows(t, rows) for t in (tokens, cos, sin))
+        # Half precision attends row by row so verification equals plain decoding
+        # bit for bit; fp32 matmuls are not row-invariant anyway, and their
+        # block-vs-row differences (~1e-6) stay far below a greedy near-tie.
         attn_mask = AttentionMask.build(mask, start, n, rows, self._heads // self._kv_heads,
-                                        self.device, self.batch_invariant)
+                                        self.device, self.batch_invariant,
+                                        rowwise=self.dtype != torch.float32)
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
         wanted = set(hidden_layers)
         captured: dict[int, torch.Tensor] = {}
@@ -234,6 +239,8 @@ class NativeLlama(TargetModel):
         q = qk[:, :heads]  # [rows, heads, head_dim]
         if self.batch_invariant:
             out = invariant_attend(q, keys, values, attn_mask)
+        elif attn_mask.visible is not None:
+            out = rowwise_attend(q, keys, values, attn_mask)
         else:
             out = attend(q, keys[:, : start + n], values[:, : start + n], attn_mask)
         x = x + self._linear(w.o, out)  # out: [rows, heads * head_dim]

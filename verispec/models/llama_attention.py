@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 ROW_TILE = 8  # query rows per tile in batch-invariant mode; forwards pad n up to a multiple
+ROWWISE_MAX = 64  # blocks up to this many rows attend row by row (decode and verification)
 KEY_TILE = 64  # keys per tile in batch-invariant mode; the cache buffer is padded to a multiple
 
 
@@ -20,15 +21,20 @@ class AttentionMask:
     sdpa: torch.Tensor | None = None  # [groups * rows, end] bool, True = may attend; None = all
     tiled: torch.Tensor | None = None  # [rows, key_tiles * KEY_TILE] bool, invariant mode only
     blocked: torch.Tensor | None = None  # True = masked, laid out like invariant_attend's scores
+    # Row-by-row mode: per real row, the number of visible keys when they are a
+    # prefix of the cache, else the visible key indices (a tree row).
+    visible: list[int | torch.Tensor] | None = None
 
     @staticmethod
     def build(mask: torch.Tensor | None, start: int, n: int, rows: int, groups: int,
-              device: torch.device, invariant: bool) -> "AttentionMask":
+              device: torch.device, invariant: bool, rowwise: bool = False) -> "AttentionMask":
         """The mask for `rows` query rows, of which the first n are real, at cache
         indices [start, start + n). `mask` is the caller's [n, start + n] or None for causal."""
         end = start + n
         if mask is None and n == 1 and rows == 1:
             return AttentionMask(sdpa=None)
+        if rowwise and not invariant and n <= ROWWISE_MAX:
+            return AttentionMask(visible=_visible_keys(mask, start, n, device))
         if mask is None:
             keys = torch.arange(end, device=device)
             mask = keys[None, :] <= keys[start:, None]  # [n, end]
@@ -47,6 +53,39 @@ class AttentionMask:
         blocked = blocked.permute(0, 2, 1, 3)[:, :, None].expand(-1, -1, groups, -1, -1)
         blocked = blocked.reshape(rows // ROW_TILE, width // KEY_TILE, groups * ROW_TILE, KEY_TILE)
         return AttentionMask(tiled=tiled, blocked=blocked)
+
+
+def _visible_keys(mask: torch.Tensor | None, start: int, n: int,
+                  device: torch.device) -> list[int | torch.Tensor]:
+    if mask is None:
+        return [start + i + 1 for i in range(n)]
+    visible: list[int | torch.Tensor] = []
+    for row in mask.to(device=device, dtype=torch.bool):
+        index = row.nonzero().flatten()
+        count = index.shape[0]
+        prefix = count > 0 and int(index[-1]) == count - 1
+        visible.append(count if prefix else index)
+    return visible
+
+
+def rowwise_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   mask: AttentionMask) -> torch.Tensor:
+    """Each row attends alone to exactly the keys it sees, in cache order.
+
+    SDPA picks its blocking from the query and key lengths, so inside a block a
+    row's output differs from the same row decoded alone (measured: 0.56 logit
+    max-abs in bf16 at 6 rows on the default model). One call per row with the
+    same key tensor plain decoding would use makes each row's output identical
+    to plain decoding, bit for bit, at the price of n small calls per layer.
+    """
+    outs = []
+    for i, seen in enumerate(mask.visible):
+        if isinstance(seen, int):
+            k, v = keys[:, :seen], values[:, :seen]
+        else:
+            k, v = keys[:, seen], values[:, seen]
+        outs.append(attend(q[i:i + 1], k, v, AttentionMask(sdpa=None)))
+    return torch.cat(outs)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

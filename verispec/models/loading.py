@@ -180,6 +180,11 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     if backend == "hf" or not native_ok:
         if batch_invariant:
             raise ValueError("--batch-invariant needs the native backend")
+        if dtype in (None, "auto") and resolve_device(device).type == "cpu":
+            # transformers' CPU bf16 kernels change with the number of positions, so
+            # verification can flip greedy tokens at gaps above a near-tie; fp32 keeps
+            # the law. An explicit --dtype bf16 is honoured.
+            dtype = "fp32"
         loaded = load_hf(str(folder), dtype=dtype, device=device)
         return LoadedTarget(HFModel(loaded.model, name=source or DEFAULT_MODEL),
                             loaded.tokenizer, "hf")
