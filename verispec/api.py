@@ -136,7 +136,7 @@ class Engine:
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
-        stats = Stats(proposer=label, k=spec.k)
+        stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0)
         steps = speculate(self.target, ids, sampling, spec, proposer, stopper, generator, stats)
         return steps, stats
 
