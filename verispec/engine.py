@@ -72,7 +72,7 @@ def speculate(
     controller = _controller(spec)
     # A free, stateless proposer can be asked at k = 0 for a shadow guess that
     # measures acceptance without a verify cost (see verispec.policy).
-    shadows = controller is not None and proposer.name == "ngram"
+    shadows = controller is not None and proposer.free
 
     while True:
         # Never draft past max_new_tokens (the bonus token needs one slot) or

@@ -15,7 +15,7 @@ from .report import Row, SweepRow  # noqa: E402
 _PARTS = ("prefill", "draft", "verify", "other")
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -40,7 +40,7 @@ def speedup_vs_k(path: str | Path, sweeps: Sequence[SweepRow]) -> Path | None:
         ax.set_xlabel("k (draft tokens per target pass)")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def tau_vs_alpha(path: str | Path, rows: Sequence[Row]) -> Path | None:
@@ -71,7 +71,7 @@ def tau_vs_alpha(path: str | Path, rows: Sequence[Row]) -> Path | None:
     ax.set_xlim(0, 1)
     ax.set_ylim(0.9, max(ks) + 1.1)
     ax.legend(fontsize=7, loc="upper left")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def time_split(path: str | Path, rows: Sequence[Row]) -> Path | None:
@@ -91,7 +91,7 @@ def time_split(path: str | Path, rows: Sequence[Row]) -> Path | None:
     ax.set_ylabel("fraction of generate time")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.5, 1.12))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def draw_all(out_dir: str | Path, rows: Sequence[Row], sweeps: Sequence[SweepRow]) -> list[Path]:

@@ -203,10 +203,7 @@ def measure(target, ids: list[int], context: int, max_n: int, repeats: int,
 
 
 def plot(path: str | Path, profile: Profile, title: str = "") -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     ax.plot(profile.n, profile.relative, marker="o", ms=3, label="measured T(n)/T(1)")
@@ -219,11 +216,7 @@ def plot(path: str | Path, profile: Profile, title: str = "") -> Path:
     ax.set_title(title or f"T(1) = {1000 * profile.t1:.2f} ms, context {profile.context}",
                  fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def format_profile(profile: Profile, label: str) -> str:

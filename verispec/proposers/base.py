@@ -53,6 +53,7 @@ class ProposerSetup:
 class Proposer(ABC):
     name: str = "?"
     hidden_layers: tuple[int, ...] = ()  # target hidden states this proposer wants per step
+    free: bool = False  # costs ~nothing and keeps no state, so it may be asked for shadow guesses
 
     @abstractmethod
     def propose(self, ctx: DraftContext, k: int) -> Proposal:

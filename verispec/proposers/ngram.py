@@ -51,6 +51,7 @@ def lookup_many(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int,
 
 class NgramProposer(Proposer):
     name = "ngram"
+    free = True
 
     def __init__(self, ngram_min: int, ngram_max: int, eos_token_ids: frozenset[int],
                  tree_nodes: int = 0) -> None:
