@@ -1,4 +1,6 @@
-"""JIT-build the bf16 AMX matmul kernel (gemv_bf16.cpp) once per machine.
+"""JIT-build verispec's CPU kernels (the bf16 AMX matmul in gemv_bf16.cpp, the
+row-invariant attention in attention.cpp, the fused decoder layer in layer.cpp)
+once per machine.
 
 The build lands in $VERISPEC_CACHE/kernels (default ~/.cache/verispec/kernels)
 and later imports reuse it; torch's cpp_extension rebuilds when the source or
@@ -12,9 +14,11 @@ import os
 import warnings
 from pathlib import Path
 
-_SOURCE = Path(__file__).with_name("gemv_bf16.cpp")
-_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-fopenmp"]
-_REQUIRED = ("avx512f", "avx512bw", "amx_tile", "amx_bf16")
+_HERE = Path(__file__).parent
+_SOURCES = [_HERE / name for name in ("bindings.cpp", "gemv_bf16.cpp", "attention.cpp", "layer.cpp")]
+_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-mavx512bf16",
+          "-fopenmp"]
+_REQUIRED = ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def cpu_flags() -> set[str]:
@@ -50,8 +54,8 @@ def build():
 
         # -fopenmp links libgomp.so.1 by soname, which resolves to the copy torch
         # already loaded, so at::parallel_for shares torch's one thread pool.
-        module = load(name="verispec_gemv_bf16", sources=[str(_SOURCE)],
-                      extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
+        module = load(name="verispec_kernels", sources=[str(p) for p in _SOURCES],
+                      extra_cflags=_FLAGS, extra_include_paths=[str(_HERE)], extra_ldflags=["-fopenmp"],
                       build_directory=str(_build_dir()), verbose=False)
         if not module.init():
             warnings.warn("verispec: bf16 matmul kernel off (the OS refused AMX tile state); "

@@ -15,7 +15,6 @@
 // compute per row on a core: compute-bound from n ~= 3. One TDPBF16PS does
 // 8192 MACs, so 16 rows cost the same as one and the product stays memory-bound.
 #include <ATen/ATen.h>
-#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -25,6 +24,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "kernels.h"
 
 namespace {
 
@@ -185,13 +186,4 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
     _tile_release();
   });
   return y;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("init", &init, "CPU has AMX-BF16 and the OS granted tile state");
-  m.def("pack", &pack, "repack a bf16 [out, in] weight into AMX B tiles",
-        py::call_guard<py::gil_scoped_release>());
-  m.def("linear", &linear, "bf16 x @ W.T (+ bias) from a packed W; row-invariant",
-        py::arg("x"), py::arg("packed"), py::arg("out"), py::arg("bias") = py::none(),
-        py::call_guard<py::gil_scoped_release>());
 }

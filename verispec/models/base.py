@@ -25,6 +25,17 @@ class KVCache(Protocol):
 
 
 @dataclass
+class BatchItem:
+    """One request's share of a batched forward: exactly the arguments of `forward`."""
+    tokens: torch.Tensor  # [n] int64
+    cache: "KVCache"  # the request's own cache; only it is read and appended to
+    positions: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    num_logits: int | None = None
+    hidden_layers: Sequence[int] = ()
+
+
+@dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [num_logits, vocab], float32, for the last num_logits positions
     hidden: tuple[torch.Tensor, ...] = ()  # one [n, hidden_size] per requested layer
@@ -58,6 +69,17 @@ class TargetModel(ABC):
         hidden_layers: Sequence[int] = (),  # which hidden states to return
     ) -> ForwardOutput:
         """Run n new positions against the cached context and append them to it."""
+
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[ForwardOutput]:
+        """Several requests, each with its own cache and row count, in one call.
+
+        Contract: item i's output is what `forward(**item i)` alone returns, so a
+        request's greedy output cannot depend on what shares its batch. This
+        default runs them one after another; backends that can fuse rows (the
+        native one) override it.
+        """
+        return [self.forward(item.tokens, item.cache, item.positions, item.mask,
+                             item.num_logits, item.hidden_layers) for item in items]
 
     def weights_fingerprint(self) -> str:
         """A short, stable identity for the weights (used to match trained heads)."""

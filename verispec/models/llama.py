@@ -1,4 +1,5 @@
-"""A native Llama-family target: fused weights, a static KV cache, and SDPA.
+"""A native Llama-family target: fused weights, a static KV cache, and verispec's
+row-invariant CPU kernels (SDPA where they are unavailable).
 
 Numerics follow transformers' modeling_llama op for op where it matters:
 RMSNorm normalizes in float32, casts back, then multiplies the weight; RoPE
@@ -8,12 +9,14 @@ the logits agree with HF to ~1e-5. In bf16 the two backends are not bit-identica
 (their attention kernels round differently), but each is as far from the float32
 logits as the other: ordinary bf16 noise.
 
-Batch-invariant mode (`batch_invariant=True`) makes a position's logits and
-cached keys/values bit-identical whether it is forwarded alone or inside a block
-of any size: forwards are padded to ROW_TILE rows and attention runs on fixed
-tiles (see llama_attention.invariant_attend). It holds on CPU for bf16 (the AMX
-kernel and packed oneDNN GEMMs are row-invariant) and float32 (GEMMs run in
-fixed ROW_TILE tiles).
+Row invariance. A position's logits and cached keys/values are bit-identical
+whether it is forwarded alone (plain decoding), inside a verification block, a
+token tree or a batch of other requests, whenever verispec's CPU kernels run the
+model: their matmul (bf16, AMX) and attention (bf16 and fp32) compute each row
+alone in a fixed order. bf16 on the kernels is therefore always invariant, at no
+cost. `batch_invariant=True` extends the guarantee to fp32 (its oneDNN matmuls
+run on fixed ROW_TILE-row tiles) and to CPUs without the kernels (SDPA replaced
+by fixed tiles, see llama_attention.invariant_attend).
 
 Hidden states follow HF's `output_hidden_states` index for index: 0 is the
 token embeddings, l in [1, num_layers) is the output of decoder layer l, and
@@ -27,10 +30,11 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..kv_cache import StaticKVCache
-from .base import ForwardOutput, TargetModel
-from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, attend, invariant_attend,
-                              rowwise_attend)
+from .base import BatchItem, ForwardOutput, TargetModel
+from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, RowPlan, attend,
+                              invariant_attend, rowwise_attend)
 from .llama_config import LlamaSpec, parse_config, rope_tables
 from .llama_config import supports as _supports
 from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
@@ -62,6 +66,19 @@ class NativeLlama(TargetModel):
         self._cos, self._sin = (t.to(device) for t in
                                 rope_tables(spec.rope, spec.head_dim, self.max_context, dtype))
         self._arange = torch.arange(self.max_context, device=device)
+        groups = spec.num_heads // spec.num_kv_heads
+        # verispec's attention kernel (kernels/attention.cpp) computes each row alone
+        # in a fixed order, so with it every forward is row-invariant by construction
+        # (bf16 matmuls already are): plain decoding, verification, trees and batches
+        # of requests all give a position the same bits. Without it (no AVX-512/AMX,
+        # or an odd head size) the SDPA paths below keep the old guarantees.
+        self.row_kernels = (device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
+                            and spec.head_dim % 16 == 0 and spec.head_dim <= 128
+                            and groups <= 16 and kernels.available())
+        # bf16 with every matmul on the AMX kernel: each layer is one C++ call.
+        self._fused = (self.row_kernels and dtype == torch.bfloat16 and all(
+            lin.kernel for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)))
+        self._fused_args = [_fused_weights(layer) for layer in self.layers] if self._fused else []
 
     @classmethod
     def from_dir(cls, folder: str | Path, dtype: torch.dtype = torch.float32,
@@ -119,6 +136,9 @@ class NativeLlama(TargetModel):
         num_logits=None returns logits for all n positions, 0 for none (a prefill
         that needs no distribution skips the LM head).
         """
+        if self.row_kernels:
+            return self.forward_batch([BatchItem(tokens, cache, positions, mask, num_logits,
+                                                 tuple(hidden_layers))])[0]
         tokens = tokens.to(self.device)
         n = tokens.shape[0]
         self._check(tokens, cache, positions, mask, num_logits, hidden_layers)
@@ -131,6 +151,99 @@ class NativeLlama(TargetModel):
         except BaseException:
             cache.truncate(start)
             raise
+
+    @torch.inference_mode()
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[ForwardOutput]:
+        """All requests' rows go through each matmul together; each row attends to
+        its own request's cache. Row-invariant kernels make item i's output bit-equal
+        to forward(item i) alone (in float32 only with batch_invariant, where the
+        matmuls run on fixed row tiles)."""
+        if not self.row_kernels:
+            return super().forward_batch(items)
+        if not items:
+            return []
+        items = [BatchItem(it.tokens.to(self.device), it.cache, it.positions, it.mask,
+                           it.num_logits, tuple(it.hidden_layers)) for it in items]
+        if len({id(it.cache) for it in items}) < len(items):
+            raise ValueError("each item of a batch needs its own cache")
+        for it in items:
+            self._check(it.tokens, it.cache, it.positions, it.mask, it.num_logits, it.hidden_layers)
+        starts: list[int] = []
+        try:
+            for it in items:
+                starts.append(it.cache.reserve(it.tokens.shape[0]))
+            return self._run_rows(items, starts)
+        except BaseException:
+            for it, start in zip(items, starts):
+                it.cache.truncate(start)
+            raise
+
+    def _run_rows(self, items: list[BatchItem], starts: list[int]) -> list[ForwardOutput]:
+        sizes = [it.tokens.shape[0] for it in items]
+        offsets = [sum(sizes[:i]) for i in range(len(items))]
+        tokens = torch.cat([it.tokens for it in items]) if len(items) > 1 else items[0].tokens
+        positions = torch.cat([
+            it.positions.to(self.device) if it.positions is not None else self._arange[s:s + n]
+            for it, s, n in zip(items, starts, sizes)])
+        cos, sin = self._cos[positions], self._sin[positions]  # [rows, head_dim]
+        if not self._fused:
+            cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
+        wanted = set().union(*(it.hidden_layers for it in items))
+        captured: dict[int, torch.Tensor] = {}
+        x = F.embedding(tokens, self.weights.embed)  # [rows, hidden]
+        if 0 in wanted:
+            captured[0] = x
+        last = self.num_layers
+        for index, layer in enumerate(self.layers):
+            x = self._row_layer(layer, index, x, items, starts, offsets, cos, sin, plan)
+            if index + 1 in wanted and index + 1 < last:
+                captured[index + 1] = x
+        counts = [n if it.num_logits is None else it.num_logits for it, n in zip(items, sizes)]
+        head_rows = torch.cat([torch.arange(o + n - c, o + n) for o, n, c in zip(offsets, sizes, counts)])
+        if last in wanted:
+            captured[last] = self._norm(x, self.weights.norm)
+            head_in = captured[last][head_rows]
+        else:
+            head_in = self._norm(x[head_rows], self.weights.norm)
+        logits = (self._head(head_in) if head_in.shape[0] else
+                  torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device))
+        outputs, done = [], 0
+        for it, o, n, c in zip(items, offsets, sizes, counts):
+            hidden = tuple(captured[layer][o:o + n] for layer in it.hidden_layers)
+            outputs.append(ForwardOutput(logits=logits[done:done + c], hidden=hidden))
+            done += c
+        return outputs
+
+    def _row_layer(self, w: LayerWeights, index: int, x: torch.Tensor, items: list[BatchItem],
+                   starts: list[int], offsets: list[int], cos: torch.Tensor, sin: torch.Tensor,
+                   plan: RowPlan) -> torch.Tensor:
+        if self._fused:
+            return kernels.decoder_layer(
+                x, self._fused_args[index],
+                [self._heads, self._kv_heads, self._head_dim, self.spec.intermediate_size],
+                self.spec.rms_eps, cos, sin, [it.cache.kv[index] for it in items],
+                plan.row_cache, plan.row_slot, plan.row_len, plan.row_index)
+        rows = x.shape[0]
+        heads, kv_heads, head_dim = self._heads, self._kv_heads, self._head_dim
+        qkv = self._linear(w.qkv, self._norm(x, w.attn_norm)).view(rows, heads + 2 * kv_heads, head_dim)
+        qk = qkv[:, : heads + kv_heads]
+        if w.qk_norm is not None:
+            qk = self._norm(qk, w.qk_norm)
+        qk = _rotate(qk, cos, sin)
+        new_kv = torch.cat((qk[:, heads:], qkv[:, heads + kv_heads:]), dim=1)  # [rows, 2 kv, hd]
+        new_kv = new_kv.view(rows, 2, kv_heads, head_dim).permute(1, 2, 0, 3)  # [2, kv, rows, hd]
+        layer_kv = []
+        for it, start, offset in zip(items, starts, offsets):
+            n = it.tokens.shape[0]
+            kv = it.cache.kv[index]  # [2, kv_heads, slots, head_dim]
+            kv[:, :, start:start + n] = new_kv[:, :, offset:offset + n]
+            layer_kv.append(kv)
+        out = plan.attend(qk[:, :heads], layer_kv)  # [rows, heads * head_dim]
+        x = x + self._linear(w.o, out)
+        gate_up = self._linear(w.gate_up, self._norm(x, w.mlp_norm))
+        inter = gate_up.shape[-1] // 2
+        return x + self._linear(w.down, F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
 
     def _run_sliced(self, tokens: torch.Tensor, cache: StaticKVCache, start: int,
                     num_logits: int, hidden_layers: tuple[int, ...]) -> ForwardOutput:
@@ -252,7 +365,18 @@ class NativeLlama(TargetModel):
         if not self.batch_invariant or lin.row_invariant or x.shape[0] == ROW_TILE:
             return lin(x)
         # A GEMM that is not row-invariant still is at a fixed row count.
-        return torch.cat([lin(tile) for tile in x.split(ROW_TILE)])
+        rows = x.shape[0]
+        padded = _pad_rows(x, -(-rows // ROW_TILE) * ROW_TILE)
+        return torch.cat([lin(tile) for tile in padded.split(ROW_TILE)])[:rows]
+
+
+def _fused_weights(w: LayerWeights) -> list[torch.Tensor]:
+    """A layer's tensors in the order kernels.decoder_layer takes them."""
+    none = torch.empty(0, dtype=torch.bfloat16)
+    qk_norm = w.qk_norm.contiguous() if w.qk_norm is not None else none
+    bias = w.qkv.bias if w.qkv.bias is not None else none
+    return [w.attn_norm.contiguous(), w.qkv.weight, bias, qk_norm, w.o.weight,
+            w.mlp_norm.contiguous(), w.gate_up.weight, w.down.weight]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
+
 ROW_TILE = 8  # query rows per tile in batch-invariant mode; forwards pad n up to a multiple
 ROWWISE_MAX = 64  # blocks up to this many rows attend row by row (decode and verification)
 KEY_TILE = 64  # keys per tile in batch-invariant mode; the cache buffer is padded to a multiple
@@ -135,3 +137,55 @@ def invariant_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     out = (probs @ v).sum(dim=2) / total[..., None]  # [kv, row_tiles, groups * ROW_TILE, hd]
     out = out.view(kv_heads, row_tiles, groups, ROW_TILE, head_dim).permute(1, 3, 0, 2, 4)
     return out.reshape(rows, heads * head_dim).to(q.dtype)
+
+
+@dataclass
+class RowPlan:
+    """Which keys each query row of a (possibly multi-request) forward may see,
+    in the form verispec.kernels.attend takes."""
+    row_cache: torch.Tensor  # [rows] int64: the row's request (index into the caches list)
+    row_slot: torch.Tensor  # [rows] int64: the cache index the row's key and value go to
+    row_len: torch.Tensor  # [rows] int64: visible key count
+    row_index: torch.Tensor | None  # [rows, width] int64 visible cache indices, or -1 in
+    # column 0 for a row that sees the prefix [0, row_len); None when every row does
+
+    @staticmethod
+    def build(segments: list[tuple[int, int, torch.Tensor | None]]) -> "RowPlan":
+        """segments: per request (start, n, mask or None), rows in that order."""
+        caches, lengths, masks, slots = [], [], [], []
+        any_mask = any(mask is not None for _, _, mask in segments)
+        for request, (start, n, mask) in enumerate(segments):
+            caches.append(torch.full((n,), request, dtype=torch.long))
+            slots.append(torch.arange(start, start + n))
+            if mask is None:
+                lengths.append(torch.arange(start + 1, start + n + 1))
+                if any_mask:
+                    masks.append(None)
+                continue
+            mask = mask.to(device="cpu", dtype=torch.bool)
+            counts = mask.sum(1)
+            if bool((counts == 0).any()):
+                raise ValueError("every mask row must see at least one key (itself)")
+            lengths.append(counts)
+            masks.append(mask)
+        row_index = None
+        if any_mask:
+            width = max(int(m.shape[1]) if m is not None else 1 for m in masks)
+            parts = []
+            for (start, n, _), mask in zip(segments, masks):
+                part = torch.full((n, width), -1, dtype=torch.long)
+                if mask is not None:
+                    counts = mask.sum(1)
+                    # A row whose visible keys are exactly a prefix needs no index list.
+                    prefix = mask.long().cumprod(1).sum(1) == counts
+                    order = torch.sort((~mask).to(torch.uint8), dim=1, stable=True).indices
+                    tree_rows = (~prefix).nonzero().flatten()
+                    part[tree_rows, : mask.shape[1]] = order[tree_rows]
+                parts.append(part)
+            row_index = torch.cat(parts)
+        return RowPlan(torch.cat(caches), torch.cat(slots), torch.cat(lengths).to(torch.long),
+                       row_index)
+
+    def attend(self, q: torch.Tensor, layer_kv: list[torch.Tensor]) -> torch.Tensor:
+        """q [rows, heads, head_dim]; layer_kv per request [2, kv_heads, slots, head_dim]."""
+        return kernels.attend(q.contiguous(), layer_kv, self.row_cache, self.row_len, self.row_index)

@@ -1,0 +1,118 @@
+"""verispec's row-invariant attention kernel (kernels/attention.cpp): accuracy
+against a float32 reference, and the invariant that lets native bf16
+verification equal plain decoding bit for bit: a row's output depends only on its
+query and the keys it sees, never on the other rows, the requests sharing the
+call, or the thread count."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verispec import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="verispec kernels unavailable here")
+
+
+def _caches(count: int, kv_heads: int, capacity: int, head_dim: int, dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, kv_heads, capacity, head_dim, generator=gen).to(dtype) * 2
+            for _ in range(count)]
+
+
+def _reference(q, caches, row_cache, row_len, row_index=None):
+    """float32 softmax attention of each row over exactly its visible keys."""
+    rows, heads, head_dim = q.shape
+    out = []
+    for r in range(rows):
+        kv = caches[int(row_cache[r])].float()
+        groups = heads // kv.shape[1]
+        n = int(row_len[r])
+        if row_index is not None and int(row_index[r, 0]) >= 0:
+            keys = row_index[r, :n]
+        else:
+            keys = torch.arange(n)
+        k = kv[0][:, keys].repeat_interleave(groups, 0)  # [heads, n, hd]
+        v = kv[1][:, keys].repeat_interleave(groups, 0)
+        out.append(F.scaled_dot_product_attention(q[r].float()[:, None], k, v).reshape(-1))
+    return torch.stack(out)
+
+
+# float32: summation order only; bf16: one final rounding (half a unit, 2^-9
+# relative) on top of float32 math.
+@pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-6), (torch.bfloat16, 2.0 ** -8)])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 16), (8, 8, 48),
+                                                       (4, 1, 128)])
+def test_matches_reference(dtype, rel, heads, kv_heads, head_dim):
+    caches = _caches(2, kv_heads, 100, head_dim, dtype)
+    gen = torch.Generator().manual_seed(1)
+    rows = 7
+    q = torch.randn(rows, heads, head_dim, generator=gen).to(dtype)
+    row_cache = torch.tensor([0, 0, 1, 1, 1, 0, 1])
+    row_len = torch.tensor([1, 17, 16, 33, 100, 64, 5])
+    out = kernels.attend(q, caches, row_cache, row_len)
+    assert out.shape == (rows, heads * head_dim) and out.dtype == dtype
+    ref = _reference(q, caches, row_cache, row_len)
+    assert ((out.float() - ref).abs() <= rel * ref.abs() + 1e-5).all()
+
+
+def test_index_rows_see_exactly_their_keys():
+    """Tree rows: an explicit ascending key list, mixed with prefix rows (-1 first)."""
+    caches = _caches(1, 2, 40, 16, torch.float32)
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(2))
+    row_index = torch.full((3, 40), -1, dtype=torch.long)
+    row_index[0, :5] = torch.tensor([0, 1, 2, 10, 12])
+    row_index[2, :3] = torch.tensor([3, 7, 39])
+    row_len = torch.tensor([5, 20, 3])
+    out = kernels.attend(q, caches, torch.zeros(3, dtype=torch.long), row_len, row_index)
+    ref = _reference(q, caches, torch.zeros(3, dtype=torch.long), row_len, row_index)
+    assert (out - ref).abs().max() < 1e-5
+    # Stale keys outside a row's list cannot leak in: scribbling on them changes nothing.
+    caches[0][:, :, 20:39] = 1e4
+    caches[0][:, :, 4:7] = -1e4
+    again = kernels.attend(q, caches, torch.zeros(3, dtype=torch.long), row_len, row_index)
+    assert torch.equal(again[0], out[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_row_bits_independent_of_neighbours_batch_and_threads(dtype):
+    caches = _caches(3, 3, 600, 64, dtype, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    rows = 24
+    q = torch.randn(rows, 9, 64, generator=gen).to(dtype)
+    row_cache = torch.tensor([i % 3 for i in range(rows)])
+    row_len = torch.randint(1, 600, (rows,), generator=gen)
+    alone = torch.cat([kernels.attend(q[r:r + 1].contiguous(), [caches[int(row_cache[r])]],
+                                      torch.zeros(1, dtype=torch.long), row_len[r:r + 1])
+                       for r in range(rows)])
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            together = kernels.attend(q, caches, row_cache, row_len)
+            assert torch.equal(together, alone), threads
+    finally:
+        torch.set_num_threads(before)
+    # Consecutive rows of one request (how verification blocks arrive) as well.
+    block_len = torch.arange(500, 516)
+    block = kernels.attend(q[:16].contiguous(), caches[:1], torch.zeros(16, dtype=torch.long), block_len)
+    for r in range(16):
+        one = kernels.attend(q[r:r + 1].contiguous(), caches[:1], torch.zeros(1, dtype=torch.long),
+                             block_len[r:r + 1])
+        assert torch.equal(one[0], block[r])
+
+
+def test_bad_inputs_raise():
+    caches = _caches(1, 2, 10, 16, torch.float32)
+    q = torch.randn(2, 4, 16)
+    zeros = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="1..capacity"):
+        kernels.attend(q, caches, zeros, torch.tensor([0, 3]))
+    with pytest.raises(RuntimeError, match="1..capacity"):
+        kernels.attend(q, caches, zeros, torch.tensor([11, 3]))
+    with pytest.raises(RuntimeError, match="cache index"):
+        kernels.attend(q, caches, torch.tensor([0, 1]), torch.tensor([1, 3]))
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernels.attend(q, caches, zeros, torch.tensor([2, 3]), torch.tensor([[0, 10, 0], [-1, 0, 0]]))
+    with pytest.raises(RuntimeError, match="dtype"):
+        kernels.attend(q.bfloat16(), caches, zeros, torch.tensor([1, 3]))

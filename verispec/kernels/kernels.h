@@ -1,0 +1,22 @@
+// The entry points of verispec's CPU kernels; bindings.cpp exposes them to Python.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <vector>
+
+bool init();
+at::Tensor pack(const at::Tensor& weight);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
+                  const c10::optional<at::Tensor>& bias);
+at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
+                  const at::Tensor& row_cache, const at::Tensor& row_len,
+                  const c10::optional<at::Tensor>& row_index);
+// attend for bf16 q rows `q_stride` elements apart, writing [rows, heads * head_dim] to out.
+void attend_into(const at::BFloat16* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t head_dim,
+                 const std::vector<at::Tensor>& caches, const at::Tensor& row_cache,
+                 const at::Tensor& row_len, const at::Tensor& row_index, at::BFloat16* out);
+at::Tensor decoder_layer(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                         const std::vector<int64_t>& dims, double eps, const at::Tensor& cos,
+                         const at::Tensor& sin, const std::vector<at::Tensor>& caches,
+                         const at::Tensor& row_cache, const at::Tensor& row_slot,
+                         const at::Tensor& row_len, const c10::optional<at::Tensor>& row_index);
