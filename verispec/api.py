@@ -9,7 +9,7 @@ import torch
 
 from . import proposers
 from .config import SamplingParams, SpecConfig
-from .engine import Step, speculate, validate_prompt
+from .engine import SpecRequest, Step, run_alone, validate_prompt
 from .metrics import Stats
 from .models.base import TargetModel
 from .models.llama import NativeLlama
@@ -37,6 +37,29 @@ class Chunk:
     text: str  # new text safe to show: never part of a stop string
     finish_reason: str | None
     stats: Stats
+
+
+class TextDeltas:
+    """Turns committed token blocks into text deltas safe to show: never part of
+    a stop string, never half a UTF-8 character (held back until resolved)."""
+
+    def __init__(self, decode, stops: tuple[str, ...]) -> None:
+        self.decode = decode
+        self.stops = stops
+        self.ids: list[int] = []
+        self.shown = 0
+
+    def push(self, tokens: list[int], final: bool) -> str:
+        self.ids.extend(tokens)
+        text = trim_at_stop(self.decode(self.ids), self.stops)
+        safe = len(text)
+        if not final:
+            safe -= held_back(text, self.stops)
+            while safe > self.shown and text[safe - 1] == "\ufffd":
+                safe -= 1
+        delta = text[self.shown:max(self.shown, safe)]
+        self.shown = max(self.shown, safe)
+        return delta
 
 
 class Engine:
@@ -126,9 +149,10 @@ class Engine:
             return self.encode(prompt, chat=chat)
         return [int(t) for t in prompt]
 
-    def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
-               chat: bool) -> tuple[Iterator[Step], Stats]:
-        ids = self._prompt_ids(prompt, chat)
+    def new_request(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig,
+                    own_timing: bool = True) -> SpecRequest:
+        """A step-wise request over token ids (see `engine.SpecRequest`): what the
+        single-request loop and the serving scheduler both drive."""
         validate_prompt(self.target, ids, sampling)
         generator = make_generator(sampling.seed, self.target.device)
         proposer = proposers.build(ProposerSetup(
@@ -136,27 +160,24 @@ class Engine:
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
-        stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0)
-        steps = speculate(self.target, ids, sampling, spec, proposer, stopper, generator, stats)
-        return steps, stats
+        stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
+                      lossy=spec.lossy_typical and not sampling.greedy)
+        return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
+                           own_timing=own_timing)
+
+    def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
+               chat: bool) -> tuple[Iterator[Step], Stats]:
+        request = self.new_request(self._prompt_ids(prompt, chat), sampling, spec)
+        return run_alone(self.target, request), request.stats
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                spec: SpecConfig | None = None, chat: bool = False) -> Iterator[Chunk]:
         """Yield tokens as they are committed, with text deltas that never show a stop string."""
         sampling = sampling or SamplingParams()
         steps, stats = self._steps(prompt, sampling, spec or SpecConfig(), chat)
-        generated: list[int] = []
-        shown = 0
+        deltas = TextDeltas(self.decode, sampling.stop)
         for step in steps:
-            generated.extend(step.tokens)
-            text = trim_at_stop(self.decode(generated), sampling.stop)
-            # Hold back an incomplete UTF-8 character and a possible stop-string prefix.
-            safe = len(text)
-            if not step.finish_reason:
-                safe -= held_back(text, sampling.stop)
-                while safe > shown and text[safe - 1] == "\ufffd":
-                    safe -= 1
-            delta, shown = text[shown:max(shown, safe)], max(shown, safe)
+            delta = deltas.push(step.tokens, final=bool(step.finish_reason))
             yield Chunk(step.tokens, delta, step.finish_reason, stats)
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,

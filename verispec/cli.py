@@ -34,7 +34,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(any model); auto = native where supported")
     p.add_argument("--batch-invariant", action="store_true",
                    help="native only: every position's logits are bit-identical whether "
-                        "computed alone or in a verification block (bf16 greedy = plain, bit for bit)")
+                        "computed alone, in a verification block or in a batch. Always on, at no "
+                        "cost, for bf16 on verispec's CPU kernels (AMX); this flag extends it to "
+                        "fp32 (matmuls on fixed 8-row tiles, slower) and to CPUs without the kernels")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -42,7 +44,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--proposer", default="ngram", choices=available(),
                    help="who guesses the next tokens: ngram (prompt lookup, free), "
-                        "draft (a small model or self:L), none (plain decoding)")
+                        "draft (a small model or self:L), eagle / medusa (trained heads on the "
+                        "target's hidden states), none (plain decoding)")
     p.add_argument("--k", default="4",
                    help="draft tokens per target pass; 0 = plain decoding; auto = choose k "
                         "each step to maximize tokens/s (capped by --k-max)")
@@ -57,6 +60,12 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "per distinct match); 0 = a chain of k tokens")
     p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix n-gram to look up")
     p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
+    p.add_argument("--head", default=None,
+                   help="for --proposer eagle|medusa: a head directory from `verispec train-head` "
+                        "(default: the head shipped for the default model)")
+    p.add_argument("--lossy-typical", action="store_true",
+                   help="sampling only: Medusa's typical acceptance instead of rejection sampling; "
+                        "LOSSY (output no longer follows the model), marked so in the stats")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -87,7 +96,8 @@ def spec_from(args):
     except ValueError:
         raise CliError(f"--k takes a whole number or auto, got {args.k!r}") from None
     return SpecConfig(proposer=args.proposer, k=k, draft=args.draft, adaptive=adaptive, tree=args.tree,
-                      profile=args.profile, ngram_min=args.ngram_min, ngram_max=args.ngram_max)
+                      profile=args.profile, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
+                      head=args.head, lossy_typical=args.lossy_typical)
 
 
 def _read_prompt(args) -> str:
@@ -159,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_econ(sub)
     from .bench.bench_cli import add_subcommands as add_bench
     add_bench(sub)
+    from .training.cli import add_subcommands as add_training
+    add_training(sub)
+    from .serving.cli import add_subcommands as add_serve
+    add_serve(sub)
     return parser
 
 

@@ -38,7 +38,7 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    proposer: str = "ngram"  # registry name: ngram, draft, none (see verispec.proposers)
+    proposer: str = "ngram"  # registry name: ngram, draft, eagle, medusa, none (verispec.proposers)
     k: int = 4  # draft tokens per step; 0 means plain decoding; with adaptive, the cap
     adaptive: bool = False  # choose k per step to maximize expected tokens/s (verispec.policy)
     profile: str | None = None  # cost profile JSON from `verispec profile`, a prior for adaptive
@@ -46,6 +46,8 @@ class SpecConfig:
     tree: int = 0  # node budget for tree drafts (verified in one pass); 0 drafts a chain
     ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
     ngram_max: int = 4  # longest suffix it tries first
+    head: str | None = None  # for proposer=eagle|medusa: a head directory; None = the shipped one
+    lossy_typical: bool = False  # sampled runs: Medusa typical acceptance, LOSSY (Cai et al. 2024)
     extra: dict = field(default_factory=dict, compare=False)  # proposer-specific options
 
     def __post_init__(self) -> None:
@@ -56,5 +58,7 @@ class SpecConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if self.lossy_typical and self.tree:
+            raise ValueError("lossy_typical verifies chains; it cannot be combined with a tree")
         if self.proposer == "draft" and not self.draft:
             raise ValueError("proposer 'draft' needs a draft model: a path or self:L")

@@ -1,6 +1,15 @@
 """The speculative decoding loop, on token ids only:
 prefill -> propose -> one target forward -> verify -> commit/rollback -> yield.
 
+One request's decoding is a state machine, `SpecRequest`: `prepare()` does
+everything before the target forward (prefill feed, or proposal and draft
+length) and returns that forward's arguments as a `BatchItem`; `complete()`
+takes the forward's output and does everything after it (verification,
+rollback, stop checks, statistics). Whoever runs the forward in between is free
+to run it alone (`speculate`, the single-request loop) or fused with other
+requests' items (`verispec.serving.scheduler`), because a request's state
+lives in the request and its own cache only.
+
 Cache invariant: between steps the target cache holds every committed token
 but the last one, which is fed first in the next step together with the k
 drafts. Row i of that forward's logits then predicts the token after draft i,
@@ -18,12 +27,12 @@ from .config import SamplingParams, SpecConfig
 from .bench.economics import load_profile
 from .metrics import Stats, StepRecord
 from .policy import AdaptiveK, StepObservation
-from .models.base import TargetModel
+from .models.base import BatchItem, ForwardOutput, TargetModel
 from .proposers.base import DraftContext, Proposal, Proposer
-from .rejection import Verdict, verify_greedy, verify_sampling
+from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
 from .stopping import Stopper
-from .tree import tree_step
+from .tree import TreeFeed, tree_feed, tree_finish
 
 
 @dataclass
@@ -44,6 +53,189 @@ def validate_prompt(target: TargetModel, prompt: list[int], sampling: SamplingPa
             f"{need} exceeds the model's context of {target.max_context} tokens")
 
 
+@dataclass
+class StepOutcome:
+    tokens: list[int]  # accepted drafts, then one recovered or bonus token
+    num_accepted: int
+    drafted: int  # draft tokens (chain) or tree nodes verified
+    hidden: tuple[torch.Tensor, ...]  # per requested layer, rows of the committed positions
+
+
+@dataclass
+class _Pending:
+    """What `prepare` set up and `complete` needs: exactly one forward is in flight."""
+    budget: int  # draft length chosen for this step
+    draft_seconds: float
+    drafts: torch.Tensor | None = None  # chain step: the verified drafts
+    draft_probs: torch.Tensor | None = None
+    tree: TreeFeed | None = None  # tree step
+    shadow: Proposal | None = None  # an unverified guess at k = 0, for acceptance evidence
+    prefill: bool = False
+
+
+class SpecRequest:
+    """One request's speculation, one target forward at a time.
+
+    Use: `while not r.finished: item = r.prepare(); out = <forward item>;
+    step = r.complete(out, seconds)`. `complete` returns None after the prefill
+    and a `Step` after every decode forward. `release()` drops the cache.
+    """
+
+    def __init__(self, target: TargetModel, prompt: list[int], sampling: SamplingParams,
+                 spec: SpecConfig, proposer: Proposer, stopper: Stopper,
+                 generator: torch.Generator, stats: Stats, own_timing: bool = True) -> None:
+        """`own_timing`: the adaptive controller prices k from this request's
+        measured forward times. A batch scheduler passes False: its step times
+        belong to the whole batch, and it chooses k for the batch itself."""
+        validate_prompt(target, prompt, sampling)
+        self.started = time.perf_counter()
+        self.target, self.sampling, self.spec = target, sampling, spec
+        self.proposer, self.stopper, self.generator, self.stats = proposer, stopper, generator, stats
+        self.own_timing = own_timing
+        # A tree step briefly holds all its nodes before compaction.
+        self.cache = target.new_cache(capacity=min(
+            target.max_context, len(prompt) + sampling.max_new_tokens + spec.tree))
+        self.tokens = list(prompt)
+        self.num_prompt = len(prompt)
+        self.generated: list[int] = []
+        self.hidden: tuple[torch.Tensor, ...] = ()
+        self.controller = _controller(spec)
+        # A free, stateless proposer can be asked at k = 0 for a shadow guess that
+        # measures acceptance without a verify cost (see verispec.policy).
+        self.shadows = self.controller is not None and proposer.free
+        self.finish_reason: str | None = None
+        self._pending: _Pending | None = None
+        self._prefilled = len(prompt) <= 1  # a one-token prompt has nothing to prefill
+        stats.prompt_tokens = len(prompt)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefilled(self) -> bool:
+        return self._prefilled
+
+    def room(self) -> int:
+        """The most draft tokens the next step may verify: the request's k, and
+        never past max_new_tokens (the bonus token needs one slot) or the context."""
+        return max(0, min(self.spec.k, self.sampling.max_new_tokens - len(self.generated) - 1,
+                          self.target.max_context - len(self.tokens)))
+
+    def prepare(self, k: int | None = None) -> BatchItem:
+        """The arguments of this request's next target forward. `k`: the draft
+        length chosen by a scheduler (clipped to `room()`); None lets the
+        request choose (its fixed k, or its adaptive controller's)."""
+        if self.finished or self._pending is not None or self.cache is None:
+            raise RuntimeError("prepare() needs a live request with no forward in flight")
+        hidden_layers = self.proposer.hidden_layers
+        if not self._prefilled:
+            self._pending = _Pending(0, 0.0, prefill=True)
+            return BatchItem(torch.tensor(self.tokens[:-1]), self.cache, num_logits=1,
+                             hidden_layers=hidden_layers)
+        room = self.room()
+        if k is not None:
+            budget = max(0, min(k, room))
+        else:
+            budget = self.controller.choose(room) if self.controller and room > 0 else room
+        t0 = time.perf_counter()
+        proposal = Proposal.empty()
+        shadow = None
+        ctx = DraftContext(self.tokens, self.num_prompt, self.hidden)
+        if budget > 0:
+            proposal = self.proposer.propose(ctx, budget)
+        elif self.shadows and room > 0:
+            shadow = self.proposer.propose(ctx, 1)
+        draft_seconds = time.perf_counter() - t0
+        if proposal.tree is not None:
+            # Depth <= budget keeps max_new_tokens; node count keeps the context.
+            room_nodes = min(self.target.max_context, getattr(self.cache, "capacity", None)
+                             or self.target.max_context) - len(self.tokens)
+            tree = proposal.tree.trimmed(max_depth=budget, max_nodes=room_nodes)
+            feed = tree_feed(self.cache.length, self.tokens, tree)
+            self._pending = _Pending(budget, draft_seconds, tree=feed, shadow=shadow)
+            return BatchItem(feed.tokens, self.cache, positions=feed.layout.positions,
+                             mask=feed.layout.mask, hidden_layers=hidden_layers)
+        drafts = proposal.tokens[:budget].to(torch.long)
+        probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
+        self._pending = _Pending(budget, draft_seconds, drafts, probs, shadow=shadow)
+        feed = torch.cat([torch.tensor([self.tokens[-1]]), drafts])  # [k + 1]
+        return BatchItem(feed, self.cache, hidden_layers=hidden_layers)
+
+    def complete(self, out: ForwardOutput, forward_seconds: float = 0.0) -> Step | None:
+        """Consume the forward of the item `prepare` returned: None after the
+        prefill, else the tokens committed by this step."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("complete() without a prepared forward")
+        if pending.prefill:
+            self.hidden = out.hidden
+            self._prefilled = True
+            self.stats.time_prefill = time.perf_counter() - self.started
+            return None
+        t0 = time.perf_counter()
+        outcome = self._verify(pending, out)
+        verify_seconds = forward_seconds + time.perf_counter() - t0
+        self.hidden = outcome.hidden
+        committed: list[int] = []
+        for token in outcome.tokens:
+            committed.append(token)
+            self.generated.append(token)
+            self.finish_reason = self.stopper.check(self.generated)
+            if self.finish_reason:
+                break
+        self.tokens.extend(committed)
+        stats = self.stats
+        stats.time_draft += pending.draft_seconds
+        stats.time_verify += verify_seconds
+        if self.controller:
+            timed = self.own_timing
+            self.controller.observe(StepObservation(
+                pending.budget, outcome.drafted, outcome.num_accepted,
+                pending.draft_seconds if timed else None, verify_seconds if timed else None))
+            if pending.shadow is not None and len(pending.shadow):
+                self.controller.observe_shadow(
+                    1, int(int(pending.shadow.tokens[0]) == committed[0]))
+        stats.record(StepRecord(self.proposer.active, pending.budget, outcome.drafted,
+                                outcome.num_accepted, len(committed)))
+        stats.time_total = time.perf_counter() - self.started
+        if self.finish_reason:
+            stats.finish_reason = self.finish_reason
+        return Step(committed, self.finish_reason)
+
+    def release(self) -> None:
+        """Drop the cache (and the proposer, which may own a draft cache) now,
+        rather than whenever the request object is collected."""
+        self.cache = None
+        self._pending = None
+        self.proposer = None
+
+    def _verify(self, pending: _Pending, out: ForwardOutput) -> StepOutcome:
+        if pending.tree is not None:
+            result = tree_finish(pending.tree, out, self.cache, self.sampling, self.generator)
+            return StepOutcome(result.tokens, result.num_accepted, len(pending.tree.tree),
+                               result.hidden)
+        drafts = pending.drafts
+        verdict = _verify(drafts, pending.draft_probs, out.logits, self.sampling, self.generator,
+                          self.spec.lossy_typical)
+        # Roll back the rejected drafts: keep the fed token and the accepted ones.
+        self.cache.truncate(len(self.tokens) + verdict.num_accepted)
+        hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
+        return StepOutcome(verdict.tokens, verdict.num_accepted, len(drafts), hidden)
+
+
+def run_alone(target: TargetModel, request: SpecRequest) -> Iterator[Step]:
+    """Drive one request with one plain `target.forward` per step."""
+    while not request.finished:
+        item = request.prepare()
+        t0 = time.perf_counter()
+        out = target.forward(item.tokens, item.cache, positions=item.positions, mask=item.mask,
+                             num_logits=item.num_logits, hidden_layers=item.hidden_layers)
+        step = request.complete(out, time.perf_counter() - t0)
+        if step is not None:
+            yield step
+
+
 def speculate(
     target: TargetModel,
     prompt: list[int],
@@ -54,99 +246,10 @@ def speculate(
     generator: torch.Generator,
     stats: Stats,
 ) -> Iterator[Step]:
-    validate_prompt(target, prompt, sampling)
-    started = time.perf_counter()
-    # A tree step briefly holds all its nodes before compaction.
-    cache = target.new_cache(capacity=min(target.max_context,
-                                          len(prompt) + sampling.max_new_tokens + spec.tree))
-    tokens = list(prompt)
-    hidden_layers = proposer.hidden_layers
-    hidden: tuple[torch.Tensor, ...] = ()
-    if len(prompt) > 1:
-        out = target.forward(torch.tensor(prompt[:-1]), cache, num_logits=1,
-                             hidden_layers=hidden_layers)
-        hidden = out.hidden
-    stats.prompt_tokens = len(prompt)
-    stats.time_prefill = time.perf_counter() - started
-    generated: list[int] = []
-    controller = _controller(spec)
-    # A free, stateless proposer can be asked at k = 0 for a shadow guess that
-    # measures acceptance without a verify cost (see verispec.policy).
-    shadows = controller is not None and proposer.free
-
-    while True:
-        # Never draft past max_new_tokens (the bonus token needs one slot) or
-        # past the model's context.
-        room = min(spec.k, sampling.max_new_tokens - len(generated) - 1,
-                   target.max_context - len(tokens))
-        budget = controller.choose(room) if controller and room > 0 else room
-        t0 = time.perf_counter()
-        proposal = shadow = Proposal.empty()
-        ctx = DraftContext(tokens, len(prompt), hidden)
-        if budget > 0:
-            proposal = proposer.propose(ctx, budget)
-        elif shadows and room > 0:
-            shadow = proposer.propose(ctx, 1)
-        t1 = time.perf_counter()
-        if proposal.tree is not None:
-            # Depth <= budget keeps max_new_tokens; node count keeps the context.
-            room_nodes = min(target.max_context, getattr(cache, "capacity", None)
-                             or target.max_context) - len(tokens)
-            tree = proposal.tree.trimmed(max_depth=budget, max_nodes=room_nodes)
-            result = tree_step(target, cache, tokens, tree, sampling, generator, hidden_layers)
-            outcome = StepOutcome(result.tokens, result.num_accepted, len(tree), result.hidden)
-        else:
-            outcome = _chain_step(target, cache, tokens, proposal, budget, sampling, generator,
-                                  hidden_layers)
-        hidden = outcome.hidden
-        t2 = time.perf_counter()
-
-        committed: list[int] = []
-        reason = None
-        for token in outcome.tokens:
-            committed.append(token)
-            generated.append(token)
-            reason = stopper.check(generated)
-            if reason:
-                break
-        tokens.extend(committed)
-        stats.time_draft += t1 - t0
-        stats.time_verify += t2 - t1
-        if controller:
-            controller.observe(StepObservation(budget, outcome.drafted, outcome.num_accepted,
-                                               t1 - t0, t2 - t1))
-            if len(shadow):
-                controller.observe_shadow(1, int(int(shadow.tokens[0]) == committed[0]))
-        stats.record(StepRecord(proposer.name, budget, outcome.drafted,
-                                outcome.num_accepted, len(committed)))
-        stats.time_total = time.perf_counter() - started
-        if reason:
-            stats.finish_reason = reason
-        yield Step(committed, reason)
-        if reason:
-            return
-
-
-@dataclass
-class StepOutcome:
-    tokens: list[int]  # accepted drafts, then one recovered or bonus token
-    num_accepted: int
-    drafted: int  # draft tokens (chain) or tree nodes verified
-    hidden: tuple[torch.Tensor, ...]  # per requested layer, rows of the committed positions
-
-
-def _chain_step(target: TargetModel, cache, tokens: list[int], proposal: Proposal, budget: int,
-                sampling: SamplingParams, generator: torch.Generator,
-                hidden_layers) -> StepOutcome:
-    drafts = proposal.tokens[:budget]
-    draft_probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
-    feed = torch.cat([torch.tensor([tokens[-1]]), drafts.to(torch.long)])  # [k + 1]
-    out = target.forward(feed, cache, hidden_layers=hidden_layers)  # logits [k + 1, vocab]
-    verdict = _verify(drafts, draft_probs, out.logits, sampling, generator)
-    # Roll back the rejected drafts: keep the fed token and the accepted ones.
-    cache.truncate(len(tokens) + verdict.num_accepted)
-    hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
-    return StepOutcome(verdict.tokens, verdict.num_accepted, len(drafts), hidden)
+    """The single-request loop: every committed block as a `Step`, the last
+    one with its finish reason."""
+    request = SpecRequest(target, prompt, sampling, spec, proposer, stopper, generator, stats)
+    return run_alone(target, request)
 
 
 def _controller(spec: SpecConfig) -> AdaptiveK | None:
@@ -156,8 +259,10 @@ def _controller(spec: SpecConfig) -> AdaptiveK | None:
 
 
 def _verify(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
-            sampling: SamplingParams, generator: torch.Generator) -> Verdict:
+            sampling: SamplingParams, generator: torch.Generator, lossy: bool = False) -> Verdict:
     if sampling.greedy:
         return verify_greedy(drafts, target_logits)
     target_probs = logits_to_probs(target_logits, sampling)  # [k + 1, vocab]
+    if lossy:  # opt-in (SpecConfig.lossy_typical); the request's stats are marked lossy
+        return verify_typical(drafts, target_probs, generator)
     return verify_sampling(drafts, draft_probs, target_probs, generator)

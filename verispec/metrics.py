@@ -29,6 +29,7 @@ class Stats:
     time_verify: float = 0.0  # the target forward plus the rejection sampler
     time_total: float = 0.0
     finish_reason: str = ""
+    lossy: bool = False  # typical acceptance (SpecConfig.lossy_typical): not the model's distribution
     steps: list[StepRecord] = field(default_factory=list)
 
     def record(self, step: StepRecord) -> None:
@@ -81,6 +82,7 @@ class Stats:
             },
             "acceptance_histogram": {str(k): v for k, v in self.acceptance_histogram.items()},
             "finish_reason": self.finish_reason,
+            "lossy": self.lossy,
         }
 
     def format_line(self) -> str:
@@ -91,4 +93,5 @@ class Stats:
                 f"accepted={self.accepted} acceptance={100 * self.acceptance_rate:.1f}% "
                 f"tau={self.tau:.2f} target_forwards={self.target_forwards} "
                 f"tokens={self.generated} tok/s={self.tokens_per_s:.1f} "
-                f"time prefill/draft/verify/other={split} ({total:.2f}s)")
+                f"time prefill/draft/verify/other={split} ({total:.2f}s)"
+                + (" LOSSY (typical acceptance)" if self.lossy else ""))

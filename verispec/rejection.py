@@ -79,6 +79,39 @@ def verify_sampling(
     return Verdict(num_accepted, tokens, bonus=False)
 
 
+def verify_typical(
+    draft_tokens: torch.Tensor,  # [k]
+    target_probs: torch.Tensor,  # [k + 1, vocab], already temperature/top-k/top-p transformed
+    generator: torch.Generator,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+) -> Verdict:
+    """Medusa's typical acceptance (Cai et al. 2024, Sec. 2.3.1). LOSSY: the
+    output no longer follows the target's distribution, which is why it only
+    runs behind SpecConfig.lossy_typical and the stats say so.
+
+    Draft i is accepted when the target gives it probability above
+    min(posterior_threshold, posterior_alpha * exp(-H)), H the entropy of the
+    target at that position: a plausible token passes even when the draft's
+    own distribution is unknown, and a flat target accepts more. The longest
+    accepted prefix is kept, then one token is sampled from the target at the
+    first position not accepted (a bonus token when every draft passed).
+    Defaults are the paper code's epsilon = 0.09, delta = sqrt(epsilon).
+    """
+    k = draft_tokens.shape[0]
+    device = target_probs.device
+    draft_tokens = draft_tokens.to(device)
+    probs = target_probs[:k].float()  # [k, vocab]
+    entropy = -torch.special.xlogy(probs, probs).sum(-1)  # [k]; 0 * log 0 = 0
+    threshold = torch.minimum(torch.full_like(entropy, posterior_threshold),
+                              posterior_alpha * torch.exp(-entropy))
+    accepted = probs[torch.arange(k, device=device), draft_tokens] > threshold  # [k]
+    num_accepted = int(accepted.int().cumprod(0).sum()) if k else 0
+    tokens = draft_tokens[:num_accepted].tolist()
+    tokens.append(int(sample(target_probs[num_accepted], generator)))
+    return Verdict(num_accepted, tokens, bonus=num_accepted == k)
+
+
 # ---------------------------------------------------------------------------
 # Token trees: one target forward scores every node, and the verifier walks
 # down from the root. The chain functions above are the special case of a tree

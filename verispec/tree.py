@@ -152,6 +152,48 @@ class TreeStepResult:
     # the root's row, then the accepted nodes' rows, like the chain's hidden[: accepted + 1]
 
 
+@dataclass
+class TreeFeed:
+    """The target-forward arguments of one tree step, and what verification needs after it."""
+    tree: TokenTree
+    past_len: int  # cache length before the forward: every committed token but the last
+    tokens: torch.Tensor  # [N + 1]: the last committed token, then the nodes
+    layout: TreeAttention
+
+
+def tree_feed(cache_length: int, committed_tokens: Sequence[int], tree: TokenTree) -> TreeFeed:
+    """What to feed for [last committed token] + tree after `cache_length` cached positions.
+
+    Before: the cache holds every committed token but the last (the chain
+    loop's invariant); anything else would verify the tree against the wrong context.
+    """
+    if cache_length != len(committed_tokens) - 1:
+        raise ValueError(f"cache holds {cache_length} positions; the step needs every committed "
+                         f"token but the last ({len(committed_tokens) - 1})")
+    tokens = torch.cat([torch.tensor([committed_tokens[-1]], dtype=torch.long), tree.tokens])
+    return TreeFeed(tree, cache_length, tokens, tree_attention(tree, cache_length))
+
+
+def tree_finish(feed: TreeFeed, out, cache, sampling: SamplingParams,
+                generator: torch.Generator) -> TreeStepResult:
+    """Verify the tree against the forward's logits [N + 1, vocab] and compact the cache.
+
+    After: the cache holds the committed tokens, the last one and the accepted
+    nodes, i.e. again every committed token but the last newly emitted one,
+    so chain steps and tree steps may alternate freely.
+    """
+    tree, past_len = feed.tree, feed.past_len
+    if sampling.greedy:
+        verdict: TreeVerdict = verify_tree_greedy(tree, out.logits)
+    else:
+        verdict = verify_tree_sampling(tree, logits_to_probs(out.logits, sampling), generator)
+    rows = torch.tensor([0] + [i + 1 for i in verdict.path], dtype=torch.long)  # [accepted + 1]
+    # Keyword arguments: HFCache.compact and StaticKVCache.compact order them differently.
+    cache.compact(start=past_len, keep=past_len + rows)
+    hidden = tuple(h[rows.to(h.device)] for h in out.hidden)
+    return TreeStepResult(verdict.tokens, verdict.num_accepted, verdict.path, verdict.bonus, hidden)
+
+
 def tree_step(
     target: TargetModel,
     cache,
@@ -162,27 +204,9 @@ def tree_step(
     hidden_layers: Sequence[int] = (),
 ) -> TreeStepResult:
     """One target forward over [last committed token] + tree, verification, and
-    cache compaction.
-
-    Before: the cache holds every committed token but the last (the chain
-    loop's invariant). After: it holds those, the last one, and the accepted
-    nodes, i.e. again every committed token but the last newly emitted one,
-    so chain steps and tree steps may alternate freely.
-    """
-    past_len = cache.length
-    if past_len != len(committed_tokens) - 1:
-        raise ValueError(f"cache holds {past_len} positions; the step needs every committed token "
-                         f"but the last ({len(committed_tokens) - 1})")
-    layout = tree_attention(tree, past_len)
-    feed = torch.cat([torch.tensor([committed_tokens[-1]], dtype=torch.long), tree.tokens])  # [N + 1]
-    out = target.forward(feed, cache, positions=layout.positions, mask=layout.mask,
-                         hidden_layers=hidden_layers)  # logits [N + 1, vocab]
-    if sampling.greedy:
-        verdict: TreeVerdict = verify_tree_greedy(tree, out.logits)
-    else:
-        verdict = verify_tree_sampling(tree, logits_to_probs(out.logits, sampling), generator)
-    rows = torch.tensor([0] + [i + 1 for i in verdict.path], dtype=torch.long)  # [accepted + 1]
-    # Keyword arguments: HFCache.compact and StaticKVCache.compact order them differently.
-    cache.compact(start=past_len, keep=past_len + rows)
-    hidden = tuple(h[rows.to(h.device)] for h in out.hidden)
-    return TreeStepResult(verdict.tokens, verdict.num_accepted, verdict.path, verdict.bonus, hidden)
+    cache compaction: `tree_feed`, the forward, `tree_finish`. A batch scheduler
+    calls the two halves itself around one forward shared by many requests."""
+    feed = tree_feed(cache.length, committed_tokens, tree)
+    out = target.forward(feed.tokens, cache, positions=feed.layout.positions,
+                         mask=feed.layout.mask, hidden_layers=hidden_layers)  # [N + 1, vocab]
+    return tree_finish(feed, out, cache, sampling, generator)

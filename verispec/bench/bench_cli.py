@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import SamplingParams
 from . import plots, report
-from .peers import parse_peers
+from .peers import needs_hf, parse_peers
 from .runner import (PEER, BenchConfig, BenchPrompt, RunRecord, Runner, check_equality,
                      encode_prompts, environment, parse_k_list, run_bench, verispec_configs)
 from .workloads import WORKLOADS, load_workload, parse_workloads
@@ -22,11 +22,18 @@ examples:
   verispec bench --workload chat,summarize --proposer none,ngram --peers hf-plain,hf-pld --limit 2
   verispec bench --workload all --proposer none,ngram,self:8 --k 4 --max-new-tokens 128
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
+  verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
 
 proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 (the target's first L layers as draft), draft (--draft PATH), or any registered
 proposer name. Every configuration runs on the same token ids, interleaved per
 prompt; greedy outputs are checked against `none` and against hf-plain.
+
+peers: hf-plain, hf-pld, hf-assisted (transformers on the same weights) and
+llamacpp-plain, llamacpp-pld (llama.cpp on the GGUF file, when the optional
+llama-cpp-python is installed: pip install 'verispec[llamacpp]'; skipped with a
+note otherwise). llama.cpp runs the quantized weights, so llamacpp-pld is checked
+against llamacpp-plain only.
 """
 
 _PROFILE_EPILOG = """\
@@ -47,6 +54,7 @@ class BenchPlan:
     draft: str | None = None
     sweep: list[int] | None = None
     notes: list[str] = field(default_factory=list)
+    model: str | None = None  # what --model named: llama.cpp peers read it as a GGUF
 
 
 @dataclass
@@ -71,20 +79,20 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed,
                               max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     return BenchPlan(workloads, configs + peers.configs, sampling, args.limit, args.draft,
-                     sweep, list(peers.notes))
+                     sweep, list(peers.notes), args.model)
 
 
 def _peer_runner(engine, plan: BenchPlan, notes: list[str]):
-    """A PeerRunner, or None (with a note) when no peer runs or the backend has none."""
-    if not any(c.kind == PEER for c in plan.configs):
+    """A PeerRunner, or None when no peer is asked for; a peer that cannot run
+    here leaves a note instead."""
+    peers = [c for c in plan.configs if c.kind == PEER]
+    if not peers:
         return None
     from .peers import PeerRunner
 
-    try:
-        return PeerRunner(engine, plan.draft)
-    except ValueError as exc:
-        notes.append(f"peers skipped: {exc}")
-        return None
+    runner = PeerRunner(engine, plan.draft, peers, plan.model)
+    notes.extend(runner.notes)
+    return runner
 
 
 def _report_md(env: dict, plan: BenchPlan, table: str, files: list[Path]) -> str:
@@ -110,10 +118,10 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
     notes = list(plan.notes)
     # Peers run transformers' generate, so a native target brings an HF twin of itself.
     peers = _peer_runner(peer_engine or engine, plan, notes)
-    configs = [c for c in plan.configs if peers is not None or c.kind != PEER]
+    configs = [c for c in plan.configs if c.kind != PEER or (peers is not None and peers.runs(c))]
     records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress)
     if plan.sampling.greedy:
-        check_equality(engine.target, prompts, records, configs)
+        check_equality(engine.target, prompts, records, configs, peers=peers)
     else:
         notes.append("sampling (temperature > 0): greedy-equality checks skipped")
     rows = report.summarize(records, configs)
@@ -128,7 +136,8 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
     settings = {"workloads": plan.workloads, "limit": plan.limit, "draft": plan.draft,
                 "sweep_k": plan.sweep, "sampling": vars(plan.sampling),
                 "configs": [{"label": c.label, "kind": c.kind, "name": c.name, "k": c.k,
-                             "proposer": c.spec.proposer if c.spec else None, "peer": c.peer}
+                             "proposer": c.spec.proposer if c.spec else None, "peer": c.peer,
+                             "own_reference": c.own_reference}
                             for c in configs]}
     table = report.markdown(rows, sweeps, notes)
     report.write_json(out / "results.json", records, rows, sweeps, env, settings, notes)
@@ -148,6 +157,10 @@ def _make_dir(path: str | Path, flag: str) -> Path:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.concurrency or args.server:
+        from ..serving.bench_serving import cmd_bench_serving
+
+        return cmd_bench_serving(args)
     plan = plan_from_args(args)
     out_dir = _make_dir(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"), "--out")
     from ..api import Engine
@@ -155,7 +168,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
                     batch_invariant=args.batch_invariant)
     peer_engine = None
-    if engine.backend != "hf" and any(c.kind == PEER for c in plan.configs):
+    if engine.backend != "hf" and needs_hf(plan.configs):
         peer_engine = Engine(args.model, dtype=args.dtype, device=args.device, backend="hf")
     outcome = execute(engine, plan, out_dir, progress=not args.no_progress,
                       peer_engine=peer_engine)
@@ -229,7 +242,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="also run each speculative proposer at every k: 1..10 or 1,2,4,8 "
                             "(replaces --k for them)")
     bench.add_argument("--peers", default="hf-plain",
-                       help="comma list of hf-plain, hf-pld, hf-assisted, or none (default hf-plain)")
+                       help="comma list of hf-plain, hf-pld, hf-assisted, llamacpp-plain, "
+                            "llamacpp-pld (llama.cpp on the GGUF, needs the optional "
+                            "llama-cpp-python), or none (default hf-plain)")
     bench.add_argument("--draft", default=None, metavar="PATH",
                        help="draft model for proposer 'draft' and hf-assisted (a path, or self:L)")
     bench.add_argument("--max-new-tokens", type=int, default=128,
@@ -244,6 +259,14 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="results directory (default bench-results/<timestamp>)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    bench.add_argument("--concurrency", default=None, metavar="LIST",
+                       help="serving benchmark: concurrent streams per level, e.g. 1,2,4,8,16; "
+                            "throughput and latency of none, fixed --k and adaptive k "
+                            "(first proposer of --proposer) through an in-process server")
+    bench.add_argument("--server", default=None, metavar="URL",
+                       help="serving benchmark against a running `verispec serve` at URL")
+    bench.add_argument("--duration", type=float, default=20.0,
+                       help="serving benchmark: seconds per mode and level (default 20)")
     add_model_args(bench)
     bench.set_defaults(func=cmd_bench)
 

@@ -1,10 +1,14 @@
-"""Baselines from `transformers` itself, run in the same process on the same
-model object, dtype and prompt ids as verispec, so a speedup is measured
-against the stack people would otherwise use, not against our own slow path.
+"""Baselines from the stacks people would otherwise use, run in the same
+process on the same prompt ids as verispec, so a speedup is measured against
+them, not against our own slow path.
 
-  hf-plain     model.generate(do_sample=False): the reference for speedups
-  hf-pld       prompt lookup decoding, prompt_lookup_num_tokens=k (Saxena 2023)
-  hf-assisted  assisted generation with a draft model (Leviathan et al. 2023)
+transformers, on the same model object and dtype:
+  hf-plain        model.generate(do_sample=False): the reference for speedups
+  hf-pld          prompt lookup decoding, prompt_lookup_num_tokens=k (Saxena 2023)
+  hf-assisted     assisted generation with a draft model (Leviathan et al. 2023)
+llama.cpp, on the GGUF file (optional llama-cpp-python, see bench/llamacpp.py):
+  llamacpp-plain  greedy decoding
+  llamacpp-pld    its prompt lookup decoding, k tokens
 """
 from __future__ import annotations
 
@@ -15,13 +19,20 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SamplingParams
+from ..lossless import Comparison
+from ..models.loading import DEFAULT_MODEL
+from . import llamacpp
 from .runner import PEER, BenchConfig
 
 PEERS: dict[str, str] = {
     "hf-plain": "transformers generate, greedy",
     "hf-pld": "transformers prompt lookup decoding (prompt_lookup_num_tokens=k)",
     "hf-assisted": "transformers assisted generation with --draft as assistant_model",
+    "llamacpp-plain": "llama.cpp greedy decoding on the GGUF (optional llama-cpp-python)",
+    "llamacpp-pld": "llama.cpp prompt lookup decoding on the GGUF, k tokens",
 }
+HF_PEERS = ("hf-plain", "hf-pld", "hf-assisted")
+_PLAIN_PEERS = ("hf-plain", "llamacpp-plain")
 
 
 @dataclass
@@ -47,13 +58,25 @@ def parse_peers(text: str, k: int, draft: str | None) -> PeerSelection:
             raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEERS)} or none")
         names.append(name)
     configs, notes = [], []
+    wanted_llamacpp = [n for n in names if n in llamacpp.LLAMACPP_PEERS]
+    missing = llamacpp.missing_reason() if wanted_llamacpp else None
+    if missing:
+        notes.append(f"{', '.join(wanted_llamacpp)} skipped: {missing}")
     for name in names:
         if name == "hf-assisted" and not draft:
             notes.append("hf-assisted skipped: it needs a draft model, give --draft PATH")
             continue
-        peer_k = 0 if name == "hf-plain" else k
-        configs.append(BenchConfig(name, PEER, name, peer_k, peer=name))
+        if name in llamacpp.LLAMACPP_PEERS and missing:
+            continue
+        peer_k = 0 if name in _PLAIN_PEERS else k
+        own = llamacpp.PLAIN if name in llamacpp.LLAMACPP_PEERS else None
+        configs.append(BenchConfig(name, PEER, name, peer_k, peer=name, own_reference=own))
     return PeerSelection(configs, notes)
+
+
+def needs_hf(configs) -> bool:
+    """Whether any of `configs` runs transformers' generate."""
+    return any(c.kind == PEER and c.peer in HF_PEERS for c in configs)
 
 
 def hf_model_of(target):
@@ -63,6 +86,45 @@ def hf_model_of(target):
 
 
 class PeerRunner:
+    """Runs every peer config on the runner of its stack. A stack that cannot
+    run here (no transformers model behind the target, no GGUF, no llama_cpp)
+    leaves a note in `notes` and its configs out of `runs`."""
+
+    def __init__(self, engine, draft: str | None = None, configs=(),
+                 model: str | None = DEFAULT_MODEL) -> None:
+        self.notes: list[str] = []
+        self._runners: dict[str, object] = {}
+        peers = list(dict.fromkeys(c.peer for c in configs if c.kind == PEER))
+        hf = [p for p in peers if p in HF_PEERS]
+        if hf:
+            try:
+                runner = HFPeers(engine, draft)
+                self._runners.update((p, runner) for p in hf)
+            except ValueError as exc:
+                self.notes.append(f"peers skipped ({', '.join(hf)}): {exc}")
+        on_gguf = [p for p in peers if p in llamacpp.LLAMACPP_PEERS]
+        if on_gguf:
+            try:
+                runner = llamacpp.LlamaCppPeers(llamacpp.gguf_path(model), engine.target)
+                self._runners.update((p, runner) for p in on_gguf)
+            except ValueError as exc:
+                self.notes.append(f"peers skipped ({', '.join(on_gguf)}): {exc}")
+
+    def runs(self, config: BenchConfig) -> bool:
+        return config.peer in self._runners
+
+    def run(self, config: BenchConfig, ids: list[int], sampling: SamplingParams) -> PeerOutput:
+        if config.peer not in self._runners:
+            raise ValueError(f"peer {config.peer!r} cannot run here")
+        return self._runners[config.peer].run(config, ids, sampling)
+
+    def compare(self, config: BenchConfig, prompt: list[int], reference: list[int],
+                ids: list[int]) -> Comparison:
+        """Greedy equality of a peer that runs its own weights, judged in its own numerics."""
+        return self._runners[config.peer].compare(prompt, reference, ids)
+
+
+class HFPeers:
     def __init__(self, engine, draft: str | None = None) -> None:
         self.engine = engine
         self.model = hf_model_of(engine.target)

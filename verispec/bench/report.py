@@ -60,6 +60,7 @@ class Row:
     time_split: dict[str, float] | None  # fractions of verispec's own total time
     vs_plain: Equality = field(default_factory=Equality)
     vs_hf_plain: Equality = field(default_factory=Equality)
+    own_reference: str | None = None  # BenchConfig.own_reference: vs_plain is against it
 
 
 @dataclass
@@ -106,7 +107,8 @@ def _row(workload: str, config: BenchConfig, records: list[RunRecord],
                      for part in ("prefill", "draft", "verify", "other")}
     row = Row(workload, config.label, config.name, config.kind, config.k, len(records),
               sum(r.tokens for r in records), statistics.median(r.tokens_per_s for r in records),
-              speedup, ref_label, alpha, tau, _expected(alpha, config.k), split)
+              speedup, ref_label, alpha, tau, _expected(alpha, config.k), split,
+              own_reference=config.own_reference)
     for r in records:
         row.vs_plain.add(r.vs_plain)
         row.vs_hf_plain.add(r.vs_hf_plain)
@@ -162,6 +164,17 @@ def _equality(eq: Equality) -> str:
     return cell
 
 
+def _equality_cells(row: Row) -> tuple[str, str]:
+    """The = plain and = hf-plain cells. A row on other weights is never compared
+    with verispec or transformers; its = plain is against its own plain run."""
+    if row.own_reference is None:
+        return _equality(row.vs_plain), _equality(row.vs_hf_plain)
+    na = "n/a (quantized weights)"
+    if row.own_reference == row.config or not row.vs_plain.checked:
+        return na, na
+    return f"{_equality(row.vs_plain)} vs {row.own_reference}", na
+
+
 def _split(split: dict[str, float] | None) -> str:
     if not split:
         return "–"
@@ -178,10 +191,11 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
         lines += [f"### {workload} ({mine[0].prompts} prompts)", "", header,
                   "|" + "---|" * header.count(" | ") + "---|"]
         for r in mine:
+            eq_plain, eq_hf = _equality_cells(r)
             lines.append(
                 f"| {r.config} | {r.k or '–'} | {r.tokens_per_s:.1f} | {_f(r.speedup, '.2f', 'x')} "
                 f"| {_f(r.alpha)} | {_f(r.tau)} | {_f(r.expected_tau)} | {_split(r.time_split)} "
-                f"| {_equality(r.vs_plain)} | {_equality(r.vs_hf_plain)} |")
+                f"| {eq_plain} | {eq_hf} |")
         lines.append("")
     if sweeps:
         ks = sorted({k for s in sweeps for k in s.ks})
@@ -200,6 +214,11 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
                  f"{ref or '(no reference run)'}. alpha = accepted/drafted; tau = tokens per "
                  "target forward; E[tau] = (1-alpha^(k+1))/(1-alpha). = plain: runs identical to "
                  "verispec's plain loop (none) / compared; a tie is a proven near-tie.")
+    for ref in dict.fromkeys(r.own_reference for r in rows if r.own_reference):
+        names = ", ".join(dict.fromkeys(r.config for r in rows if r.own_reference == ref))
+        lines.append(f"{names}: run the GGUF's quantized weights, not verispec's dense ones, "
+                     f"so they compute another function; = plain compares them only with "
+                     f"{ref}, ties judged in its own logits.")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
 

@@ -40,6 +40,9 @@ class BenchConfig:
     k: int = 0
     spec: SpecConfig | None = None  # set when kind == VERISPEC
     peer: str | None = None  # set when kind == PEER
+    # Set for a peer that computes with other weights (llama.cpp on the quantized
+    # GGUF): the label of its own plain run, the only output it is compared with.
+    own_reference: str | None = None
 
     @property
     def is_plain(self) -> bool:
@@ -261,15 +264,23 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
     return records
 
 
+def _status(cmp) -> str:
+    return "identical" if cmp.identical else "near-tie" if cmp.near_tie else "mismatch"
+
+
 def check_equality(target, prompts: Sequence[BenchPrompt], records: list[RunRecord],
-                   configs: Sequence[BenchConfig], hf_plain: str | None = "hf-plain") -> None:
+                   configs: Sequence[BenchConfig], hf_plain: str | None = "hf-plain",
+                   peers=None) -> None:
     """Fill vs_plain / vs_hf_plain of every greedy record in place.
 
     Only the common length is compared (HF generate and a stop can end a run
     early); a difference is classified by `compare_greedy`, which recomputes
     the plain logits at the first divergence to tell a near-tie from a bug.
+    A config with an `own_reference` is compared with that run only, in vs_plain,
+    by `peers.compare` in its own numerics.
     """
     plain_label = next((c.label for c in configs if c.is_plain), None)
+    own = {c.label: c for c in configs if c.own_reference}
     ids = {p.id: list(p.ids) for p in prompts}
     by_key = {(r.prompt_id, r.config): r for r in records}
     for reference, attr in ((plain_label, "vs_plain"), (hf_plain, "vs_hf_plain")):
@@ -277,12 +288,20 @@ def check_equality(target, prompts: Sequence[BenchPrompt], records: list[RunReco
             continue
         for record in records:
             ref = by_key.get((record.prompt_id, reference))
-            if ref is None or record is ref:
+            if ref is None or record is ref or record.config in own:
                 continue
             cmp = compare_greedy(target, ids[record.prompt_id], ref.token_ids, record.token_ids)
-            status = "identical" if cmp.identical else "near-tie" if cmp.near_tie else "mismatch"
-            setattr(record, attr, status)
+            setattr(record, attr, _status(cmp))
             setattr(record, attr + "_at", cmp.diverged_at)
+    for record in records:
+        config = own.get(record.config)
+        if config is None or peers is None:
+            continue
+        ref = by_key.get((record.prompt_id, config.own_reference))
+        if ref is None or record is ref:
+            continue
+        cmp = peers.compare(config, ids[record.prompt_id], ref.token_ids, record.token_ids)
+        record.vs_plain, record.vs_plain_at = _status(cmp), cmp.diverged_at
 
 
 def environment(engine) -> dict:

@@ -52,6 +52,7 @@ class TargetModel(ABC):
     dtype: torch.dtype
     device: torch.device
     name: str  # for stats and error messages
+    fuses_batches: bool = False  # forward_batch runs its items' rows together, not in turn
 
     @abstractmethod
     def new_cache(self, capacity: int | None = None) -> KVCache:

@@ -75,6 +75,7 @@ class NativeLlama(TargetModel):
         self.row_kernels = (device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
                             and spec.head_dim % 16 == 0 and spec.head_dim <= 128
                             and groups <= 16 and kernels.available())
+        self.fuses_batches = self.row_kernels
         # bf16 with every matmul on the AMX kernel: each layer is one C++ call.
         self._fused = (self.row_kernels and dtype == torch.bfloat16 and all(
             lin.kernel for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)))

@@ -55,6 +55,11 @@ class Proposer(ABC):
     hidden_layers: tuple[int, ...] = ()  # target hidden states this proposer wants per step
     free: bool = False  # costs ~nothing and keeps no state, so it may be asked for shadow guesses
 
+    @property
+    def active(self) -> str:
+        """The proposer behind the latest proposal, for stats (`auto` names its pick)."""
+        return self.name
+
     @abstractmethod
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         """Up to k draft tokens continuing ctx.tokens."""

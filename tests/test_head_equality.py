@@ -1,0 +1,135 @@
+"""The core laws with trained-head proposers: greedy output equals plain
+greedy decoding on both backends, for a random head (next to nothing
+accepted) and a briefly trained one; sampled output follows the target's
+distribution (chi-square), whatever the heads propose."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import tiny_target
+from heads_support import random_head, trained
+from test_greedy_equality import PROMPTS, plain
+from verispec import Engine, SamplingParams, SpecConfig
+from verispec.lossless import compare_greedy
+
+
+@pytest.fixture(scope="module", params=["hf", "native"])
+def target(request, tiny, tiny_native):
+    return tiny if request.param == "hf" else tiny_native
+
+
+@pytest.fixture(scope="module")
+def engine(target):
+    return Engine(target)
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory, tiny):
+    """name -> (proposer, head dir). The heads are made for `tiny`'s weights;
+    `tiny_native` holds the same fp32 weights, so they load on both backends."""
+    root = tmp_path_factory.getbasetemp() / "heads"
+    return {
+        "eagle-random": ("eagle", random_head(root / "eq-eagle-random", "eagle", tiny)),
+        "medusa-random": ("medusa", random_head(root / "eq-medusa-random", "medusa", tiny)),
+        "eagle-trained": ("eagle", trained(root, tiny, "eagle").folder),
+        "eagle-fused-trained": ("eagle", trained(root, tiny, "eagle", True).folder),
+        "medusa-trained": ("medusa", trained(root, tiny, "medusa").folder),
+    }
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("name", ["eagle-random", "medusa-random", "eagle-trained",
+                                  "eagle-fused-trained", "medusa-trained"])
+def test_greedy_equality_with_heads(engine, target, heads, name, k):
+    kind, folder = heads[name]
+    spec = SpecConfig(kind, k=k, head=str(folder))
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        want = plain(engine, prompt)
+        got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
+        comparison = compare_greedy(target, prompt, want.token_ids, got.token_ids)
+        assert comparison.identical, comparison.describe()
+        assert got.stats.generated == 32
+        accepted += got.stats.accepted
+        drafted += got.stats.drafted
+    assert drafted > 0
+    if name.endswith("random"):
+        assert accepted / drafted < 0.15
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_adaptive_k_with_heads_stays_lossless(engine, heads, kind):
+    spec = SpecConfig(kind, k=6, adaptive=True, head=str(heads[f"{kind}-trained"][1]))
+    for prompt in PROMPTS[:2]:
+        want = plain(engine, prompt, 48)
+        assert engine.generate(prompt, SamplingParams(max_new_tokens=48), spec).token_ids == \
+            want.token_ids
+
+
+def _exact_marginals(target, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """The target's distributions of the first and second new token."""
+    def next_probs(tokens):
+        logits = target.forward(torch.tensor(tokens), target.new_cache()).logits[-1]
+        return (logits / temperature).softmax(-1).double().numpy()
+
+    first = next_probs(prompt)
+    second = sum(first[x] * next_probs(prompt + [x]) for x in range(len(first)))
+    return first, second
+
+
+def _sampled_counts(tmp_path, kind: str, runs: int):
+    """First and second tokens of `runs` seeded three-token requests on a vocab-8
+    target, with a random head drafting two; and the exact marginals to expect."""
+    target = tiny_target(11, layers=1, vocab=8)
+    head = str(random_head(tmp_path / kind, kind, target, seed=1))
+    engine = Engine(target)
+    prompt = [1, 2, 3]
+    temperature = 2.0  # flatten the peaked tiny model so every token has mass
+    counts = np.zeros((2, 8))
+    drafted = accepted = 0
+    for seed in range(runs):
+        got = engine.generate(prompt, SamplingParams(temperature=temperature, seed=seed,
+                                                     max_new_tokens=3),
+                              SpecConfig(kind, k=2, head=head))
+        counts[0, got.token_ids[0]] += 1
+        counts[1, got.token_ids[1]] += 1
+        drafted += got.stats.drafted
+        accepted += got.stats.accepted
+    return counts, _exact_marginals(target, prompt, temperature), drafted, accepted
+
+
+def _worst_pvalue(counts, marginals, runs: int) -> float:
+    return min(chisquare(observed, want / want.sum() * runs).pvalue
+               for observed, want in zip(counts, marginals))
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_sampled_output_follows_the_target_with_heads(tmp_path, kind):
+    """2000 seeded requests: the first and second tokens' marginals pass
+    chi-square against the target's exact ones, while the head's drafts
+    (two per first step) are often accepted and often not."""
+    runs = 2000
+    counts, marginals, drafted, accepted = _sampled_counts(tmp_path, kind, runs)
+    assert drafted >= 2 * runs and 0.1 * drafted < accepted < 0.9 * drafted
+    assert _worst_pvalue(counts, marginals, runs) > 1e-3
+
+
+def test_distribution_check_catches_misreported_draft_probs(tmp_path, monkeypatch):
+    """Control: a proposer that samples from its head but reports uniform
+    draft_probs breaks the output distribution, and the check above sees it."""
+    from verispec.proposers.base import Proposal
+    from verispec.proposers.eagle import EagleProposer
+
+    honest = EagleProposer.propose
+
+    def misreported(self, ctx, k):
+        proposal = honest(self, ctx, k)
+        return Proposal(proposal.tokens, torch.full((len(proposal), 8), 1 / 8))
+
+    monkeypatch.setattr(EagleProposer, "propose", misreported)
+    runs = 400
+    counts, marginals, _, _ = _sampled_counts(tmp_path, "eagle", runs)
+    assert _worst_pvalue(counts, marginals, runs) < 1e-6

@@ -1,0 +1,219 @@
+"""The continuous-batching scheduler: batched outputs equal solo runs, caches
+are released, queue limits and cancellation hold, and the batch's draft
+lengths shrink with load (verispec.serving)."""
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+
+from conftest import CharTokenizer, tiny_target
+from verispec import Engine, SamplingParams, SpecConfig
+from verispec.bench.economics import CostModel
+from verispec.serving.cost import Candidate, StepCost, allocate
+from verispec.serving.scheduler import (Failure, Progress, QueueFull, Scheduler, SchedulerConfig,
+                                        Ticket)
+
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 8, 9, 7, 8, 9, 7], [5], [3, 3, 3, 2, 2, 2, 1, 1],
+           list(range(10, 40)), [4, 4, 4, 4, 4, 4]]
+SPECS = [SpecConfig("none", k=0), SpecConfig("ngram", k=4), SpecConfig("ngram", k=8, adaptive=True),
+         SpecConfig("draft", k=3, draft="same"), SpecConfig("ngram", k=4, tree=8),
+         SpecConfig("draft", k=6, draft="same", adaptive=True)]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target = tiny_target(0, layers=2)
+    eng = Engine(target, tokenizer=CharTokenizer())
+    eng._drafts["same"] = target
+    return eng
+
+
+class Collector:
+    """Sink for one ticket: tokens, the finish reason or the failure, and a done event."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finish: str | None = None
+        self.failure: Failure | None = None
+        self.done = threading.Event()
+
+    def __call__(self, event) -> None:
+        if isinstance(event, Progress):
+            self.tokens.extend(event.tokens)
+            self.finish = event.finish_reason
+            if event.finish_reason:
+                self.done.set()
+        else:
+            self.failure = event
+            self.done.set()
+
+
+def make_scheduler(engine, **config) -> Scheduler:
+    return Scheduler(engine.target, lambda *a: engine.new_request(*a, own_timing=False),
+                     SchedulerConfig(**config))
+
+
+def wait_idle(scheduler: Scheduler, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not scheduler.idle() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gc.collect()
+
+
+@pytest.fixture(params=["hf", "native"])
+def any_engine(request, engine):
+    """The HF backend (forward_batch loops) and the native one (rows fused per matmul)."""
+    if request.param == "hf":
+        return engine
+    native = request.getfixturevalue("tiny_native")
+    eng = Engine(native, tokenizer=CharTokenizer())
+    eng._drafts["same"] = native
+    return eng
+
+
+def test_batched_greedy_equals_solo_and_releases_caches(any_engine):
+    engine = any_engine
+    sampling = SamplingParams(max_new_tokens=24)
+    jobs = [(p, s) for p in PROMPTS for s in SPECS[:3]] + list(zip(PROMPTS, SPECS))
+    solo = {tuple(p): engine.generate(p, sampling, SpecConfig("none", k=0)).token_ids
+            for p in PROMPTS}
+    scheduler = make_scheduler(engine, max_num_seqs=5, max_queue=64)
+    sinks = [Collector() for _ in jobs]
+    scheduler.submit([Ticket(p, sampling, s, sink) for (p, s), sink in zip(jobs, sinks)])
+    for sink in sinks:
+        assert sink.done.wait(60)
+    for (prompt, spec), sink in zip(jobs, sinks):
+        assert sink.failure is None
+        assert sink.tokens == solo[tuple(prompt)], (prompt, spec)
+        assert sink.finish == "length"
+    wait_idle(scheduler)
+    gauges = scheduler.gauges()
+    assert (gauges.queued, gauges.running, gauges.live_caches) == (0, 0, 0)
+    assert scheduler.metrics.requests["finished"] == len(jobs)
+    assert scheduler.metrics.batch_size.n > 0
+    scheduler.close()
+
+
+def test_seeded_sampling_in_a_batch_equals_solo(engine):
+    """Fixed k and a deterministic proposer: the same drafts, so the request's
+    own generator makes the same draws alone or batched."""
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_new_tokens=20)
+    spec = SpecConfig("ngram", k=3)
+    prompt = PROMPTS[0]
+    want = engine.generate(prompt, sampling, spec).token_ids
+    scheduler = make_scheduler(engine, max_num_seqs=4)
+    sinks = [Collector() for _ in range(4)]
+    others = SamplingParams(temperature=1.0, seed=3, max_new_tokens=20)
+    scheduler.submit([Ticket(prompt, sampling, spec, sinks[0])] + [
+        Ticket(p, others, SpecConfig("ngram", k=8, adaptive=True), s)
+        for p, s in zip(PROMPTS[1:], sinks[1:])])
+    for sink in sinks:
+        assert sink.done.wait(60)
+    assert sinks[0].tokens == want
+    scheduler.close()
+
+
+def test_queue_limit_cancel_and_close(engine):
+    long = SamplingParams(max_new_tokens=400, ignore_eos=True)
+    scheduler = make_scheduler(engine, max_num_seqs=1, max_queue=1)
+    running, queued, refused = Collector(), Collector(), Collector()
+    first = Ticket(PROMPTS[4], long, SpecConfig("none", k=0), running)
+    second = Ticket(PROMPTS[0], long, SpecConfig("none", k=0), queued)
+    scheduler.submit([first])
+    deadline = time.monotonic() + 10
+    while scheduler.gauges().running == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    scheduler.submit([second])
+    with pytest.raises(QueueFull):
+        scheduler.submit([Ticket(PROMPTS[1], long, SpecConfig("none", k=0), refused)])
+    assert scheduler.gauges().queued == 1
+    scheduler.cancel(second)  # queued: dropped without ever holding a cache
+    assert queued.done.wait(10) and queued.failure.reason == "cancelled"
+    scheduler.cancel(first)  # running: dropped at the next step boundary, cache released
+    assert running.done.wait(10) and running.failure.reason == "cancelled"
+    wait_idle(scheduler)
+    assert scheduler.gauges().live_caches == 0
+    assert scheduler.metrics.requests["cancelled"] == 2
+    assert scheduler.metrics.requests["rejected"] == 1
+    # Graceful shutdown: a short request finishes, a long one is cancelled at the deadline.
+    short, endless = Collector(), Collector()
+    scheduler.submit([Ticket(PROMPTS[2], SamplingParams(max_new_tokens=4), SpecConfig(), short)])
+    assert short.done.wait(10)
+    scheduler.submit([Ticket(PROMPTS[3], long, SpecConfig("none", k=0), endless)])
+    scheduler.close(timeout=0.05)
+    assert short.finish == "length" and endless.failure.reason == "shutdown"
+    with pytest.raises(Exception, match="shutting down"):
+        scheduler.submit([Ticket(PROMPTS[0], long, SpecConfig(), Collector())])
+
+
+def test_bad_proposer_settings_fail_only_their_request(engine):
+    scheduler = make_scheduler(engine, max_num_seqs=4)
+    bad, good = Collector(), Collector()
+    scheduler.submit([Ticket(PROMPTS[0], SamplingParams(max_new_tokens=8),
+                             SpecConfig("draft", k=3, draft="self:99"), bad),
+                      Ticket(PROMPTS[1], SamplingParams(max_new_tokens=8), SpecConfig(), good)])
+    assert bad.done.wait(10) and good.done.wait(10)
+    assert bad.failure.reason == "invalid" and "self:L" in bad.failure.message
+    assert good.failure is None and len(good.tokens) == 8
+    scheduler.close()
+
+
+# -- speculation under load -----------------------------------------------------
+
+# Memory-bound up to 16 positions, then every position costs its share.
+KNEE = CostModel(profile=tuple(max(1.0, n / 16) for n in range(1, 129)))
+
+
+def test_k_shrinks_as_the_batch_fills_and_reaches_zero():
+    cost = StepCost(KNEE, fused=True)
+    totals = []
+    for batch in (1, 2, 4, 8, 12, 16, 32):
+        ks = allocate([Candidate(1, 8, [0.7] * 8) for _ in range(batch)], cost)
+        assert max(ks) - min(ks) <= 8 and all(0 <= k <= 8 for k in ks)
+        totals.append(sum(ks) / batch)
+    assert totals == sorted(totals, reverse=True) and totals[0] == 8
+    assert totals[-2] == totals[-1] == 0  # compute-bound: no speculation at all
+
+
+def test_allocation_favours_acceptance_and_respects_fixed_and_prefill():
+    cost = StepCost(KNEE, fused=True)
+    ks = allocate([Candidate(1, 8, [0.9] * 8), Candidate(1, 8, [0.1] * 8),
+                   Candidate(1, 5, [0.5], fixed=True), Candidate(40, 0, [0.0], decoding=False)],
+                  cost)
+    assert ks[2] == 5 and ks[3] == 0
+    assert ks[0] > ks[1]
+    # Useless drafts are never worth a position past the knee.
+    assert allocate([Candidate(1, 8, [0.0] * 8) for _ in range(20)], cost) == [0] * 20
+
+
+def test_sequential_batches_choose_per_request():
+    """The default forward_batch runs requests one by one: load changes nothing."""
+    cost = StepCost(KNEE, fused=False)
+    assert allocate([Candidate(1, 8, [0.7] * 8) for _ in range(16)], cost) == [8] * 16
+
+
+def test_step_cost_learns_the_measured_curve():
+    cost = StepCost(CostModel(verify_overhead=0.0), fused=True, half_life=4.0)
+    assert not cost.timed and cost.predict([1, 1]) == pytest.approx(1.0)
+    for _ in range(20):
+        cost.observe([1], 0.01)
+        cost.observe([8] * 4, 0.04)  # 32 positions cost 4x one
+    assert cost.timed
+    assert cost.predict([1]) == pytest.approx(0.01, rel=1e-6)
+    assert cost.predict([16, 16]) == pytest.approx(0.04, rel=1e-6)
+    # Between measured widths the ratio is interpolated; beyond, the last ratio is kept.
+    assert 0.01 < cost.predict([16]) < 0.04
+    # A fused flat prior, corrected by the measurement, now stops speculating under load.
+    assert sum(allocate([Candidate(1, 8, [0.6] * 8) for _ in range(32)], cost)) == 0
+
+
+def test_fused_backends_are_detected(engine, tiny_native):
+    """The cost model reads the model's own word: HF runs items in turn, the native
+    backend fuses them when its kernels are built."""
+    assert make_scheduler(engine).cost.fused is False
+    scheduler = Scheduler(tiny_native, lambda *a: engine.new_request(*a, own_timing=False))
+    assert scheduler.cost.fused is tiny_native.fuses_batches is tiny_native.row_kernels
+    scheduler.close()

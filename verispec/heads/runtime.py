@@ -1,0 +1,119 @@
+"""A head bound to a loaded target, ready to draft: its own module in the
+target's dtype, the target's shared parts, and the output layer it drafts
+through (the full LM head, or the rows of a reduced draft vocabulary).
+
+Loaded modules are cached per file, dtype and device, so a server building a
+proposer per request reads the file once; the target check runs every time.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..models.base import TargetModel
+from .eagle import EagleHead
+from .format import HeadConfig, check_target, find_shipped, read_head
+from .medusa import MedusaHead
+from .target_parts import TargetParts, target_parts
+
+_CACHE_SIZE = 8
+_LOADED: "OrderedDict[tuple, tuple[HeadConfig, nn.Module, torch.Tensor | None]]" = OrderedDict()
+
+
+def build_module(config: HeadConfig) -> nn.Module:
+    return EagleHead(config) if config.type == "eagle" else MedusaHead(config)
+
+
+class DraftOutput:
+    """Logits of the draft distribution and their mapping back to the target's
+    vocabulary. A reduced draft vocabulary (EAGLE-3's, Li et al. 2025) keeps
+    the most frequent tokens only: the per-token LM-head cost, which dominates
+    a small target's draft step, shrinks in proportion. Tokens outside it get
+    draft probability 0, which rejection sampling handles like any other draft
+    distribution, so the output stays exact."""
+
+    def __init__(self, parts: TargetParts, draft_vocab: torch.Tensor | None, vocab_size: int) -> None:
+        self.parts = parts
+        self.vocab_size = vocab_size
+        self.ids = None if draft_vocab is None else draft_vocab.to(parts.device, torch.long)
+        self._linear = None
+        if self.ids is not None:
+            from ..models.llama_weights import Linear
+
+            # A row subset of the shared LM head, gathered once per binding.
+            rows = parts.lm_rows(self.ids).to(parts.dtype).contiguous()
+            self._linear = Linear(rows)
+
+    @property
+    def size(self) -> int:
+        return self.vocab_size if self.ids is None else int(self.ids.numel())
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, hidden] -> [rows, size] float32."""
+        if self._linear is None:
+            return self.parts.lm_head(x).float()
+        return self._linear(x).float()
+
+    def token_ids(self, index: torch.Tensor) -> torch.Tensor:
+        return index if self.ids is None else self.ids[index.to(self.ids.device)]
+
+    def full(self, probs: torch.Tensor) -> torch.Tensor:
+        """[rows, size] -> [rows, vocab]: draft probabilities on the target's vocabulary."""
+        if self.ids is None:
+            return probs
+        out = probs.new_zeros(probs.shape[0], self.vocab_size)
+        out[:, self.ids] = probs
+        return out
+
+
+@dataclass
+class LoadedHead:
+    config: HeadConfig
+    module: nn.Module  # EagleHead or MedusaHead, eval mode, in the target's dtype
+    parts: TargetParts
+    output: DraftOutput
+    path: Path | None = None
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return tuple(self.config.feature_layers)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens.to(self.parts.device), self.parts.embed)
+
+
+def bind(config: HeadConfig, module: nn.Module, draft_vocab: torch.Tensor | None,
+         target: TargetModel, path: Path | None = None) -> LoadedHead:
+    """Attach a head module to the target whose weights it was trained on."""
+    check_target(config, target, where=f"head {path}" if path else "the head")
+    parts = target_parts(target)
+    module = module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    module.pack()
+    return LoadedHead(config, module, parts, DraftOutput(parts, draft_vocab, target.vocab_size),
+                      path)
+
+
+def load_head(source: str | Path | None, kind: str, target: TargetModel) -> LoadedHead:
+    """A head directory, or None for the shipped head of `kind` for this target."""
+    path = Path(source).expanduser() if source else find_shipped(kind, target)
+    weights = path / "head.safetensors"
+    key = (str(path.resolve()), weights.stat().st_mtime_ns if weights.exists() else 0,
+           target.dtype, str(target.device))
+    if key not in _LOADED:
+        stored = read_head(path)
+        module = build_module(stored.config)
+        module.load_state_dict({k: v.float() for k, v in stored.state.items()})
+        module = module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        _LOADED[key] = (stored.config, module, stored.draft_vocab)
+        while len(_LOADED) > _CACHE_SIZE:
+            _LOADED.popitem(last=False)
+    _LOADED.move_to_end(key)
+    config, module, draft_vocab = _LOADED[key]
+    if config.type != kind:
+        raise ValueError(f"{path} holds a {config.type} head; proposer {kind!r} needs a {kind} head")
+    return bind(config, module, draft_vocab, target, path)

@@ -1,0 +1,99 @@
+"""EAGLE drafting (Li et al. 2024) with a trained head (verispec.heads).
+
+Cache discipline. Head row t holds (target feature f_t, token x_{t+1}) at
+RoPE position t. Rows fed with the target's real features are permanent,
+because committed tokens never change; rows fed with the head's own predicted
+features while drafting are dropped at the start of the next proposal, and
+the tokens the verifier kept come back as real rows from the target's hidden
+states of that verification (DraftContext.target_hidden: one row per
+committed position, ending at the row that predicted the last committed
+token). A rejected draft therefore never leaves a trace in the cache.
+
+A step the engine ran without asking for a proposal (adaptive k chose 0)
+leaves positions the head never sees; rows carry their own positions, so the
+head just attends over fewer rows there. That can cost acceptance, never
+correctness.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..heads.eagle import HeadCache
+from ..heads.runtime import LoadedHead, load_head
+from ..sampling import logits_to_probs, sample
+from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+
+
+class EagleProposer(Proposer):
+    name = "eagle"
+
+    def __init__(self, head: LoadedHead, sampling, generator: torch.Generator,
+                 eos_token_ids: frozenset[int]) -> None:
+        self.head = head
+        self.hidden_layers = head.hidden_layers
+        self.sampling = sampling
+        self.generator = generator
+        self.eos = frozenset() if sampling.ignore_eos else eos_token_ids
+        module = head.module
+        self.cache = HeadCache(module.kv_heads, module.head_dim, head.parts.dtype, head.parts.device)
+        self.real_rows = 0  # cache rows fed with the target's own features
+        self.fed_until = 0  # positions below this were offered to the head already
+        self.last_out: torch.Tensor | None = None  # [1, hidden] output of the newest real row
+
+    def _absorb(self, ctx: DraftContext) -> None:
+        """Feed the target's new hidden rows as real rows, each with the token it predicted."""
+        hidden = ctx.target_hidden
+        if not hidden or hidden[0].shape[0] == 0:
+            return
+        count = hidden[0].shape[0]
+        end = len(ctx.tokens) - 1  # the rows cover positions [end - count, end)
+        start = max(end - count, self.fed_until)
+        if start >= end:
+            return
+        offset = start - (end - count)
+        dtype = self.head.parts.dtype
+        feature = self.head.module.target_feature([h[offset:].to(dtype) for h in hidden])
+        tokens = torch.tensor(ctx.tokens[start + 1:end + 1], dtype=torch.long)
+        positions = torch.arange(start, end)
+        out = self.head.module.step(feature, self.head.embed(tokens), positions, self.cache)
+        self.real_rows = self.cache.length
+        self.fed_until = end
+        self.last_out = out[-1:]
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext, k: int) -> Proposal:
+        self.cache.truncate(self.real_rows)
+        self._absorb(ctx)
+        # Without the target's row that predicted the last committed token there
+        # is nothing to draft from (a one-token prompt before its first step).
+        if k <= 0 or self.last_out is None or self.fed_until != len(ctx.tokens) - 1:
+            return Proposal.empty()
+        head, output = self.head, self.head.output
+        first_position = len(ctx.tokens) - 1
+        out = self.last_out
+        drafts: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            feature = head.parts.final_norm(out)  # [1, hidden], the predicted next feature
+            logits = output.logits(feature)  # [1, draft vocab]
+            if self.sampling.greedy:
+                index = logits.argmax(-1)
+            else:
+                dist = logits_to_probs(logits, self.sampling)
+                index = sample(dist, self.generator)
+                probs.append(output.full(dist)[0])
+            token = output.token_ids(index)  # [1]
+            drafts.append(int(token))
+            # Nothing after EOS can be accepted (transformers #31301).
+            if drafts[-1] in self.eos or i + 1 == k:
+                break
+            out = head.module.step(feature, head.embed(token),
+                                   torch.tensor([first_position + i]), self.cache)
+        return Proposal(torch.tensor(drafts, dtype=torch.long),
+                        torch.stack(probs) if probs else None)
+
+
+@register("eagle")
+def _build(setup: ProposerSetup) -> Proposer:
+    head = load_head(setup.spec.head, "eagle", setup.target)
+    return EagleProposer(head, setup.sampling, setup.generator, setup.target.eos_token_ids)

@@ -1,0 +1,133 @@
+"""`verispec bench --concurrency 1,2,4,8,16` and `verispec bench --server URL`:
+throughput and latency per concurrency for plain decoding (`none`), a fixed k,
+and adaptive k (chosen per step from the cost curve, shrinking under load).
+
+Without --server, the model is loaded here and served in-process on a free
+loopback port, so the numbers include HTTP and streaming like a real client's.
+All three modes are sent to the same server as per-request `speculation`
+settings, interleaved per concurrency level, so they share its warm state and
+the machine's conditions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .load import LoadConfig, format_row, run_load
+
+
+@dataclass(frozen=True)
+class Mode:
+    label: str
+    speculation: dict
+
+
+def modes(proposer: str, k: int, k_max: int) -> list[Mode]:
+    return [Mode("none", {"proposer": "none"}),
+            Mode(f"{proposer} k={k}", {"proposer": proposer, "k": k}),
+            Mode(f"{proposer} adaptive", {"proposer": proposer, "k": "auto"})]
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency takes a comma list of whole numbers, got {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ValueError(f"--concurrency levels must be >= 1, got {text!r}")
+    return levels
+
+
+def markdown(results: dict[str, dict[int, dict]], levels: list[int]) -> str:
+    labels = list(results)
+    head = ["concurrency"] + [f"{m} tok/s" for m in labels] + [f"{m} p50/p99 s" for m in labels] \
+        + [f"{labels[-1]} tau", f"{labels[-1]} / none"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in levels:
+        rows = [results[m][c] for m in labels]
+        base = rows[0]["tokens_per_s"] or float("nan")
+        lines.append("| " + " | ".join(
+            [str(c)] + [f"{r['tokens_per_s']:.1f}" for r in rows]
+            + [f"{r['latency_p50_s']:.2f}/{r['latency_p99_s']:.2f}" for r in rows]
+            + [f"{rows[-1]['tau']:.2f}", f"{rows[-1]['tokens_per_s'] / base:.2f}x"]) + " |")
+    errors = sum(r["errors"] for m in labels for r in results[m].values())
+    if errors:
+        lines.append(f"\n{errors} request(s) failed; see results.json")
+    return "\n".join(lines) + "\n"
+
+
+def plot(path: Path, results: dict[str, dict[int, dict]], levels: list[int]) -> Path:
+    from ..bench.plots import plt, save_figure
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.6))
+    for label, rows in results.items():
+        left.plot(levels, [rows[c]["tokens_per_s"] for c in levels], marker="o", label=label)
+        right.plot(levels, [rows[c]["latency_p50_s"] for c in levels], marker="o", label=label)
+    for ax, title in ((left, "throughput (output tokens/s)"), (right, "latency p50 (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrent streams")
+        ax.set_title(title)
+    left.legend()
+    return save_figure(fig, path)
+
+
+def run(url: str, levels: list[int], mode_list: list[Mode], args) -> dict[str, dict[int, dict]]:
+    results: dict[str, dict[int, dict]] = {m.label: {} for m in mode_list}
+    # A short warm-up: first kernel shapes and the server's cost curve at small widths.
+    run_load(LoadConfig(url, 1, min(3.0, args.duration), 8, workload=args.workload))
+    for level in levels:
+        for mode in mode_list:
+            report = run_load(LoadConfig(url, level, args.duration, args.max_new_tokens,
+                                         args.temperature, speculation=mode.speculation,
+                                         workload=args.workload))
+            summary = report.summary()
+            results[mode.label][level] = summary
+            print(format_row(summary, f"[{mode.label}] "), file=sys.stderr, flush=True)
+    return results
+
+
+def cmd_bench_serving(args: argparse.Namespace) -> int:
+    levels = parse_levels(args.concurrency or "1")
+    speculative = [p for p in args.proposer.split(",") if p not in ("none", "")]
+    proposer = speculative[0] if speculative else "ngram"
+    if proposer.startswith("self:"):
+        raise ValueError("--concurrency takes a registered proposer name (ngram, auto, ...); "
+                         "serve a draft with `verispec serve --draft` and use --server")
+    mode_list = modes(proposer, args.k, max(args.k, 8))
+    out = Path(args.out or Path("bench-results") / time.strftime("serving-%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.server:
+        results = run(args.server, levels, mode_list, args)
+        env = {"server": args.server}
+    else:
+        from ..api import Engine
+        from ..bench.runner import environment
+        from .protocol import ServeDefaults
+        from .scheduler import SchedulerConfig
+        from .server import ServerConfig, ServerThread, create_app
+
+        engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+                        batch_invariant=args.batch_invariant)
+        config = ServerConfig(("bench",), ServeDefaults(proposer=proposer, k=max(args.k, 8)),
+                              SchedulerConfig(max_num_seqs=max(levels), max_queue=4 * max(levels)))
+        with ServerThread(create_app(engine, config)) as server:
+            results = run(server.url, levels, mode_list, args)
+        env = environment(engine)
+    table = markdown(results, levels)
+    figure = plot(out / "serving.png", results, levels)
+    (out / "results.json").write_text(json.dumps(
+        {"environment": env, "levels": levels, "duration_s": args.duration,
+         "max_new_tokens": args.max_new_tokens, "workload": args.workload,
+         "modes": {m.label: m.speculation for m in mode_list}, "results": results},
+        indent=1, default=str) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(f"# verispec bench --concurrency\n\n{table}\n"
+                                   f"![serving]({figure.name})\n", encoding="utf-8")
+    print(table, end="")
+    print(f"verispec bench: results in {out}/ (results.json, report.md, {figure.name})",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,108 @@
+"""`verispec serve`: flags, checked before the model loads, then the server."""
+from __future__ import annotations
+
+import argparse
+
+from .protocol import MAX_K, ServeDefaults, resolve_proposer
+
+_EPILOG = """\
+examples:
+  verispec serve --model default --proposer auto --host 127.0.0.1 --port 8000
+  verispec serve --proposer ngram --k auto --k-max 8 --max-num-seqs 16 --max-queue 128
+  verispec serve --proposer draft --draft self:12 --profile profile.json
+
+then any OpenAI client:
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
+
+A request may override speculation with an extra field, e.g.
+  "speculation": {"proposer": "ngram", "k": 4}   (k "auto" = chosen per step under load)
+"""
+
+
+def serve_defaults(args: argparse.Namespace) -> ServeDefaults:
+    from .. import proposers
+
+    proposer = resolve_proposer(args.proposer)
+    if proposer not in proposers.available():
+        raise ValueError(f"--proposer: unknown proposer {args.proposer!r}; choose auto or one of "
+                         f"{', '.join(proposers.available())}")
+    adaptive = str(args.k) == "auto"
+    try:
+        k = args.k_max if adaptive else int(args.k)
+    except ValueError:
+        raise ValueError(f"--k takes a whole number or auto, got {args.k!r}") from None
+    if not 0 <= k <= MAX_K:
+        raise ValueError(f"--k / --k-max must be in [0, {MAX_K}], got {k}")
+    if proposer == "draft" and not args.draft:
+        raise ValueError("--proposer draft needs --draft PATH or --draft self:L")
+    if args.tree < 0:
+        raise ValueError(f"--tree must be >= 0, got {args.tree}")
+    drafts = (args.draft,) if args.draft and not args.draft.startswith("self:") else ()
+    return ServeDefaults(proposer=proposer, k=k, adaptive=adaptive, tree=args.tree,
+                         draft=args.draft, profile=args.profile, allowed_drafts=drafts)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..bench.economics import load_profile
+    from .scheduler import SchedulerConfig
+    from .server import ServerConfig, serve
+
+    defaults = serve_defaults(args)
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in [1, 65535], got {args.port}")
+    scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
+                                profile=load_profile(args.profile) if args.profile else None)
+    from ..api import Engine
+
+    engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
+                    batch_invariant=args.batch_invariant)
+    if defaults.draft:
+        engine.load_draft(defaults.draft)  # load once now, not on the first request
+    names = tuple(dict.fromkeys(n for n in (args.served_model_name, args.model,
+                                            engine.target.name) if n))
+    config = ServerConfig(names, defaults, scheduler, args.shutdown_timeout)
+    print(f"verispec serve: {engine.target.name} ({engine.backend}, {engine.target.dtype}) as "
+          f"{names[0]!r} on http://{args.host}:{args.port}/v1, proposer {defaults.proposer}, "
+          f"k {'auto <= ' if defaults.adaptive else ''}{defaults.k}, "
+          f"max_num_seqs {args.max_num_seqs}, max_queue {args.max_queue}", flush=True)
+    serve(engine, config, args.host, args.port, args.log_level)
+    return 0
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    from ..cli import add_model_args
+
+    p = subparsers.add_parser(
+        "serve", help="an OpenAI-compatible server with continuous batching",
+        description="Serve /v1/completions and /v1/chat/completions (OpenAI schema, SSE "
+                    "streaming), /v1/models, /health and /metrics. Running requests share one "
+                    "target forward per step; each response carries a `speculation` object "
+                    "(drafted, accepted, tau, proposer).",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--proposer", default="auto",
+                   help="default proposer: auto (the best available), ngram, draft, none, or "
+                        "any registered name; a request may choose another")
+    p.add_argument("--k", default="auto",
+                   help="draft tokens per step: a whole number (fixed), or auto (default): "
+                        "chosen per step from the cost curve and each request's acceptance, "
+                        "shrinking as the batch fills")
+    p.add_argument("--k-max", type=int, default=8, help="largest k that --k auto may choose")
+    p.add_argument("--tree", type=int, default=0, help="token-tree node budget (0 = chains)")
+    p.add_argument("--draft", default=None, help="draft model for --proposer draft: PATH or self:L")
+    p.add_argument("--profile", default=None,
+                   help="cost profile from `verispec profile`: the prior shape of T(n)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-num-seqs", type=int, default=8,
+                   help="requests in the running batch; more wait in the queue (default 8)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait; past it the server answers 429 (default 64)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: --model and the model's name)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get to finish on shutdown (default 30)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)

@@ -1,0 +1,175 @@
+"""Draft lengths for a whole batch: speculation that yields to load.
+
+One batched step feeds every running request's last token plus its drafts and
+costs T(widths), the time of one `forward_batch`. The step commits
+sum_i E_i(k_i) tokens in expectation, E_i(k) = 1 + sum_{j<=k} prod_{d<=j} alpha_i,d
+(Leviathan et al. 2023, eq. 1, with request i's per-depth acceptance). The
+scheduler picks the k_i that maximise the batch's expected tokens per second
+
+    sum_i E_i(k_i) / (T(widths) + sum_i c_i k_i)        (c_i: request i's draft seconds/token).
+
+Where T is flat (memory-bound: every weight is read once whatever the width),
+extra positions are nearly free and drafts pay. Once the total width crosses
+into compute-bound, T grows in proportion to the positions, and a draft whose
+acceptance is below one costs more than it yields: as the batch fills, k
+shrinks, and when the step is compute-bound it is 0 for everybody.
+
+T comes from the measured cost curve: the `verispec profile` shape T(n)/T(1)
+as prior, rescaled online by the step times actually observed at each width
+(as `policy.AdaptiveK` does for one request), so a prior that is off in scale
+or slope is corrected where the scheduler has been.
+
+A backend whose `forward_batch` fuses requests costs T(sum of widths); the
+default one runs the requests one after another and costs sum_i T(width_i),
+which makes each request's choice independent of the others.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..bench.economics import CostModel
+
+
+class StepCost:
+    """Predicted seconds of one batched forward, from a prior shape and observed steps."""
+
+    def __init__(self, prior: CostModel | None = None, fused: bool = True,
+                 half_life: float = 64.0) -> None:
+        # Without a profile assume a nearly flat curve; the first measured widths correct it.
+        self.prior = prior if prior is not None else CostModel(verify_overhead=0.02)
+        self.fused = fused
+        self._gamma = 0.5 ** (1.0 / half_life)
+        self._rel = np.zeros(0)
+        self._sum = np.zeros(0)  # index w - 1: discounted seconds observed at width w
+        self._weight = np.zeros(0)  # and the discounted count
+
+    @property
+    def timed(self) -> bool:
+        """Whether predictions are in seconds (some step was measured) or in T(1) units."""
+        return bool(self._weight.any())
+
+    def _grow(self, width: int) -> None:
+        if width <= self._rel.size:
+            return
+        size = max(width, 2 * self._rel.size, 64)
+        self._rel = np.array([self.prior.relative_time(n) for n in range(1, size + 1)])
+        pad = size - self._sum.size
+        self._sum = np.concatenate([self._sum, np.zeros(pad)])
+        self._weight = np.concatenate([self._weight, np.zeros(pad)])
+
+    def table(self, max_width: int) -> np.ndarray:
+        """Predicted seconds of one forward over w positions, at index w, for w = 0..max_width
+        (index 0 is 0). A measured width uses its discounted mean; between measured widths
+        the prior's shape is rescaled by the interpolated measured/prior ratio. Beyond the
+        widest measured one, the curve grows at least as fast as the last measured slope:
+        step time is convex in the width (flat while memory-bound, then linear), so a flat
+        prior must not make unmeasured widths look free."""
+        self._grow(max(max_width, 1))
+        rel = self._rel[:max_width]
+        seen = np.flatnonzero(self._weight > 0)
+        if seen.size:
+            means = self._sum[seen] / self._weight[seen]
+            rel = rel * np.interp(np.arange(max_width), seen, means / self._rel[seen])
+            if seen.size >= 2 and max_width > seen[-1] + 1:
+                slope = max(0.0, (means[-1] - means[-2]) / (seen[-1] - seen[-2]))
+                beyond = np.arange(seen[-1] + 1, max_width)
+                rel[beyond] = np.maximum(rel[beyond], means[-1] + slope * (beyond - seen[-1]))
+        return np.concatenate([[0.0], rel])
+
+    def predict(self, widths: Sequence[int]) -> float:
+        table = self.table(max(sum(widths), 1))
+        return float(table[sum(widths)] if self.fused else sum(table[w] for w in widths))
+
+    def observe(self, widths: Sequence[int], seconds: float) -> None:
+        """Record one measured `forward_batch` over items of these widths."""
+        if not widths or not (seconds > 0.0 and math.isfinite(seconds)):
+            return
+        total = sum(widths)
+        self._grow(total)
+        predicted = self.predict(widths)
+        if self.timed:
+            # One-off stalls (a new kernel shape, GC) must not price a width out
+            # for good: its mean moves only when that width is run again.
+            seconds = min(seconds, 4.0 * predicted)
+        self._sum *= self._gamma
+        self._weight *= self._gamma
+        if self.fused:
+            self._sum[total - 1] += seconds
+            self._weight[total - 1] += 1.0
+            return
+        # Sequential items: split the step time by the prior's shape.
+        shares = np.array([self._rel[w - 1] for w in widths])
+        for w, share in zip(widths, seconds * shares / shares.sum()):
+            self._sum[w - 1] += share
+            self._weight[w - 1] += 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One running request as the allocator sees it."""
+    base_width: int  # positions fed whatever k is: 1 for a decode step, the prompt for a prefill
+    k_cap: int  # the most drafts this step may verify (room, the request's k)
+    alphas: Sequence[float]  # per-depth acceptance estimates (deeper depths reuse the last)
+    fixed: bool = False  # the request asked for a fixed k: it drafts k_cap, not chosen here
+    draft_seconds: float | None = None  # measured seconds per requested draft token
+    decoding: bool = True  # False for a prefill, which commits no token this step
+
+
+def expected_gains(alphas: Sequence[float], cap: int) -> list[float]:
+    """E(k) - 1 for k = 0..cap: the expected accepted drafts."""
+    a = np.asarray(alphas, dtype=float)[:cap]
+    if a.size < cap:
+        a = np.concatenate([a, np.full(cap - a.size, a[-1] if a.size else 0.0)])
+    return [0.0] + np.cumsum(np.cumprod(a)).tolist()
+
+
+def allocate(candidates: Sequence[Candidate], cost: StepCost) -> list[int]:
+    """Draft length per candidate maximising expected tokens per second of the step.
+
+    Greedy by extensions: starting from k = 0 for adaptive requests (fixed ones
+    keep theirs), repeatedly apply, among the extensions (one request, m more
+    drafts) that raise the step's rate, the one with the most expected tokens
+    per added position, so a free budget is spread where acceptance is highest
+    rather than spent on one deep draft. Looking m ahead, not just one, crosses
+    a cost step such as T(2) > T(1) that only a longer draft amortises.
+    """
+    caps = [max(0, c.k_cap) if c.decoding else 0 for c in candidates]
+    ks = [cap if c.fixed else 0 for c, cap in zip(candidates, caps)]
+    free = [0 if c.fixed else cap for c, cap in zip(candidates, caps)]  # what may still be added
+    widths = [c.base_width + k for c, k in zip(candidates, ks)]
+    table = cost.table(max(sum(widths) + sum(free), 1))
+    # Draft prices: measured seconds once the cost model is in seconds, else the prior's c.
+    price = [c.draft_seconds if (c.draft_seconds is not None and cost.timed)
+             else cost.prior.draft_cost * table[1] for c in candidates]
+    gains = [expected_gains(c.alphas, cap) for c, cap in zip(candidates, caps)]
+    tokens = sum(1.0 + g[k] for c, g, k in zip(candidates, gains, ks) if c.decoding)
+    total = sum(widths)
+    verify = table[total] if cost.fused else sum(table[w] for w in widths)
+    drafting = sum(p * k for p, k in zip(price, ks))
+    while True:
+        rate = tokens / (verify + drafting)
+        best = None  # (tokens per position, rate, index, m, verify after)
+        # Shortest drafts first, so equal requests share a budget instead of one taking it all.
+        for i in sorted(range(len(free)), key=ks.__getitem__):
+            k = ks[i]
+            for m in range(1, free[i] + 1):
+                v = (table[total + m] if cost.fused
+                     else verify - table[widths[i]] + table[widths[i] + m])
+                gain = gains[i][k + m] - gains[i][k]
+                r = (tokens + gain) / (v + drafting + price[i] * m)
+                # Ties go to fewer drafts: an overestimated alpha then wastes less.
+                if r > rate * (1.0 + 1e-9) and (best is None or (gain / m, r) > best[:2]):
+                    best = (gain / m, r, i, m, v)
+        if best is None:
+            return ks
+        _, _, i, m, verify = best
+        tokens += gains[i][ks[i] + m] - gains[i][ks[i]]
+        drafting += price[i] * m
+        ks[i] += m
+        free[i] -= m
+        widths[i] += m
+        total += m

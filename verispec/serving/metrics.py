@@ -1,0 +1,121 @@
+"""Server metrics in the Prometheus text exposition format (version 0.0.4).
+
+Counters and histograms are updated by the scheduler thread and read by the
+HTTP thread, so every update and every render holds one lock. Gauges that
+describe the scheduler's state (queue depth, running requests, live KV
+caches) are sampled at render time instead of being kept in sync.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+from typing import Sequence
+
+TAU_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 8.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+K_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+
+
+@dataclass
+class Histogram:
+    bounds: Sequence[float]
+    counts: list[int] = field(default_factory=list)  # per bound, not cumulative; last = +Inf
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip(list(self.bounds) + ["+Inf"], self.counts):
+            running += count
+            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
+        return out + [f"{name}_sum {self.total:.6g}", f"{name}_count {self.n}"]
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """The scheduler's state at render time."""
+    queued: int
+    running: int
+    live_caches: int
+
+
+class ServingMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[str, int] = {}  # by outcome: finished, cancelled, error, rejected
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.steps = 0
+        self.tau = Histogram(TAU_BUCKETS)
+        self.step_seconds = Histogram(STEP_BUCKETS)
+        self.batch_size = Histogram(BATCH_BUCKETS)
+        self.draft_length = Histogram(K_BUCKETS)
+        self.last_batch_size = 0
+
+    def admitted(self, prompt_tokens: int) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt_tokens
+
+    def request_done(self, outcome: str, tau: float | None = None) -> None:
+        with self._lock:
+            self.requests[outcome] = self.requests.get(outcome, 0) + 1
+            if tau is not None and tau > 0:
+                self.tau.observe(tau)
+
+    def step(self, batch_size: int, seconds: float, ks: Sequence[int], emitted: int,
+             drafted: int, accepted: int) -> None:
+        with self._lock:
+            self.steps += 1
+            self.batch_size.observe(batch_size)
+            self.step_seconds.observe(seconds)
+            for k in ks:
+                self.draft_length.observe(k)
+            self.generated_tokens += emitted
+            self.drafted += drafted
+            self.accepted += accepted
+            self.last_batch_size = batch_size
+
+    def render(self, gauges: Gauges) -> str:
+        p = "verispec"
+        with self._lock:
+            lines = [f"# HELP {p}_requests_total Requests by outcome.",
+                     f"# TYPE {p}_requests_total counter"]
+            for outcome in sorted(set(self.requests) | {"finished", "cancelled", "error", "rejected"}):
+                lines.append(f'{p}_requests_total{{outcome="{outcome}"}} {self.requests.get(outcome, 0)}')
+            rate = self.accepted / self.drafted if self.drafted else 0.0
+            scalars = [
+                ("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", self.prompt_tokens),
+                ("generation_tokens_total", "counter", "Tokens committed.", self.generated_tokens),
+                ("draft_tokens_total", "counter", "Draft tokens verified.", self.drafted),
+                ("accepted_tokens_total", "counter", "Draft tokens accepted.", self.accepted),
+                ("acceptance_rate", "gauge", "Accepted / drafted since start.", round(rate, 6)),
+                ("steps_total", "counter", "Batched target forwards.", self.steps),
+                ("queue_depth", "gauge", "Requests waiting for a batch slot.", gauges.queued),
+                ("running_requests", "gauge", "Requests in the running batch.", gauges.running),
+                ("batch_size", "gauge", "Requests in the last step.", self.last_batch_size),
+                ("kv_caches", "gauge", "KV caches alive (running requests hold one each).",
+                 gauges.live_caches),
+            ]
+            for name, kind, text, value in scalars:
+                lines += [f"# HELP {p}_{name} {text}", f"# TYPE {p}_{name} {kind}",
+                          f"{p}_{name} {value}"]
+            for name, text, hist in (
+                    ("tau", "Tokens per target forward of each finished request.", self.tau),
+                    ("step_seconds", "Wall time of one batched step.", self.step_seconds),
+                    ("step_batch_size", "Requests per batched step.", self.batch_size),
+                    ("draft_length", "Draft length chosen per request and step.", self.draft_length)):
+                lines += [f"# HELP {p}_{name} {text}", f"# TYPE {p}_{name} histogram"]
+                lines += hist.lines(f"{p}_{name}")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,369 @@
+"""OpenAI request bodies -> validated generation jobs, and OpenAI-style errors.
+
+Every field is checked for type and range before anything is queued, and each
+failure is an `APIError` that the server turns into HTTP 400 with the body
+`{"error": {"message", "type", "param", "code"}}`. Unknown fields are refused
+as OpenAI refuses them, so a misspelt option is an error rather than silently
+ignored. OpenAI fields whose feature verispec lacks (logprobs, penalties,
+tools) are accepted only at their neutral values.
+
+verispec extensions: `top_k`, `ignore_eos`, and a `speculation` object
+`{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft"}`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .. import proposers
+from ..config import SamplingParams, SpecConfig
+
+MAX_N = 16
+MAX_K = 32
+
+
+class APIError(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = "invalid_value",
+                 status: int = 400, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True)
+class ServeDefaults:
+    """The server's speculation settings, which a request's `speculation` may override."""
+    proposer: str = "ngram"
+    k: int = 8  # the fixed k, or the cap of adaptive k
+    adaptive: bool = True  # choose k per step from the cost curve and acceptance
+    tree: int = 0
+    draft: str | None = None  # for proposer draft: a preloaded model or self:L
+    profile: str | None = None  # cost profile JSON, the adaptive prior
+    allowed_drafts: tuple[str, ...] = ()  # draft sources a request may name besides self:L
+
+
+@dataclass(frozen=True)
+class Job:
+    """One validated request: prompts (one per completion prompt) times n choices."""
+    chat: bool
+    prompts: list[list[int]]
+    prompt_texts: list[str]  # for echo
+    sampling: SamplingParams
+    spec: SpecConfig
+    n: int
+    stream: bool
+    include_usage: bool
+    echo: bool
+
+    def choice_sampling(self, index: int) -> SamplingParams:
+        """Choice i of n draws from its own seed, so seeded choices differ but repeat."""
+        if self.sampling.seed is None or index == 0:
+            return self.sampling
+        return replace(self.sampling, seed=self.sampling.seed + index)
+
+
+_TYPES = {int: "an integer", float: "a number", str: "a string", bool: "a boolean",
+          list: "an array", dict: "an object"}
+
+
+def _is(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):  # JSON true is not the number 1
+        return kind is bool
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _typed(body: dict, name: str, kind: type | tuple, default: Any = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not any(_is(value, k) for k in kinds):
+        want = " or ".join(_TYPES[k] for k in kinds)
+        raise APIError(f"Invalid type for '{name}': expected {want}, got "
+                       f"{type(value).__name__} {value!r}", name, "invalid_type")
+    return value
+
+
+def _ranged(body: dict, name: str, kind: type, lo: float, hi: float, default: Any,
+            lo_open: bool = False) -> Any:
+    value = _typed(body, name, kind, default)
+    if value is not None and not math.isfinite(value):
+        raise APIError(f"Invalid value for '{name}': must be a finite number, got {value}", name)
+    if value is not None and (value < lo or value > hi or (lo_open and value == lo)):
+        bracket = "(" if lo_open else "["
+        raise APIError(f"Invalid value for '{name}': must be in {bracket}{lo}, {hi}], got {value}",
+                       name)
+    return value
+
+
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
+           "stop", "seed", "user", "frequency_penalty", "presence_penalty", "logit_bias",
+           "logprobs", "top_k", "ignore_eos", "speculation"}
+_COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+_CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools", "tool_choice",
+                   "parallel_tool_calls", "top_logprobs", "store", "metadata", "service_tier"}
+
+
+def check_fields(body: Any, chat: bool) -> None:
+    if not isinstance(body, dict):
+        raise APIError("The request body must be a JSON object.", None, "invalid_json")
+    known = _CHAT if chat else _COMPLETION
+    for name in body:
+        if name not in known:
+            raise APIError(f"Unrecognized request argument supplied: {name}", name,
+                           "unknown_parameter")
+
+
+def check_model(body: dict, served: tuple[str, ...]) -> None:
+    model = _typed(body, "model", str)
+    if model is None:
+        raise APIError("You must provide a model parameter.", "model", "missing_required_parameter")
+    if model not in served:
+        raise APIError(f"The model '{model}' does not exist; this server serves "
+                       f"{', '.join(repr(m) for m in served)}", "model", "model_not_found")
+
+
+def _neutral(body: dict, name: str, neutral: tuple) -> None:
+    value = body.get(name)
+    if value is not None and value not in neutral and value != {} and value != []:
+        raise APIError(f"'{name}' is not supported by verispec (only {neutral[0]!r})", name,
+                       "unsupported_parameter")
+
+
+def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, bool]:
+    """Sampling params (max_new_tokens left at a placeholder), n, stream, include_usage."""
+    for name in ("frequency_penalty", "presence_penalty"):
+        _ranged(body, name, float, -2.0, 2.0, 0.0)
+        _neutral(body, name, (0, 0.0))
+    _typed(body, "logit_bias", dict)
+    _neutral(body, "logit_bias", ({},))
+    _typed(body, "user", str)
+    if chat:
+        _typed(body, "logprobs", bool)
+        _neutral(body, "logprobs", (False,))
+        _neutral(body, "top_logprobs", (0,))
+        _neutral(body, "tools", ([],))
+        _neutral(body, "tool_choice", ("none",))
+        _typed(body, "parallel_tool_calls", bool)
+        _typed(body, "store", bool)
+        _typed(body, "metadata", dict)
+        _typed(body, "service_tier", str)
+        fmt = _typed(body, "response_format", dict)
+        if fmt is not None and fmt.get("type") != "text":
+            raise APIError("Only response_format {'type': 'text'} is supported", "response_format",
+                           "unsupported_parameter")
+    else:
+        _typed(body, "logprobs", int)
+        _neutral(body, "logprobs", (0,))
+        _typed(body, "suffix", str)
+        _neutral(body, "suffix", ("",))
+    temperature = _ranged(body, "temperature", float, 0.0, 2.0, 1.0)
+    top_p = _ranged(body, "top_p", float, 0.0, 1.0, 1.0, lo_open=True)
+    top_k = _ranged(body, "top_k", int, -1, 1 << 20, 0)
+    n = _ranged(body, "n", int, 1, MAX_N, 1)
+    if not chat:
+        best_of = _ranged(body, "best_of", int, 1, MAX_N, n)
+        if best_of != n:
+            raise APIError("best_of must equal n (verispec returns every sample)", "best_of")
+    seed = _typed(body, "seed", int)
+    stop = _typed(body, "stop", (str, list), ())
+    stop = (stop,) if isinstance(stop, str) else stop
+    if len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise APIError("'stop' must be a non-empty string or up to 4 non-empty strings", "stop")
+    stream = _typed(body, "stream", bool, False)
+    options = _typed(body, "stream_options", dict, {})
+    if options and not stream:
+        raise APIError("'stream_options' is only allowed with stream: true", "stream_options")
+    unknown = set(options) - {"include_usage"}
+    if unknown:
+        raise APIError(f"Unrecognized stream_options field: {sorted(unknown)[0]}", "stream_options",
+                       "unknown_parameter")
+    include_usage = _typed(options, "include_usage", bool, False)
+    ignore_eos = _typed(body, "ignore_eos", bool, False)
+    sampling = SamplingParams(temperature=float(temperature), top_k=max(0, top_k),
+                              top_p=float(top_p), seed=seed, max_new_tokens=1,
+                              stop=tuple(stop), ignore_eos=ignore_eos)
+    return sampling, n, stream, include_usage
+
+
+def resolve_proposer(name: str) -> str:
+    """`auto` is the best proposer this installation has. Until the registry
+    offers its own `auto` (one that picks a trained head when it matches the
+    model), that is n-gram prompt lookup: the only proposer that needs no
+    weights and costs nothing when it finds no match."""
+    if name == "auto" and "auto" not in proposers.available():
+        return "ngram"
+    return name
+
+
+def parse_spec(body: dict, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
+    try:
+        return _parse_spec(_typed(body, "speculation", dict, {}), defaults, num_layers)
+    except APIError as exc:
+        if exc.param and not exc.param.startswith("speculation"):
+            exc.param = f"speculation.{exc.param}"
+        raise
+
+
+def _parse_spec(raw: dict, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
+    unknown = set(raw) - {"proposer", "k", "tree", "draft"}
+    if unknown:
+        raise APIError(f"Unrecognized speculation field: {sorted(unknown)[0]}", "speculation",
+                       "unknown_parameter")
+    proposer = resolve_proposer(_typed(raw, "proposer", str, defaults.proposer))
+    if proposer not in proposers.available():
+        raise APIError(f"Unknown proposer '{proposer}'; choose auto or one of "
+                       f"{', '.join(proposers.available())}", "speculation.proposer")
+    k_raw = raw.get("k", "auto" if defaults.adaptive else defaults.k)
+    if k_raw == "auto":
+        adaptive, k = True, defaults.k
+    else:
+        adaptive, k = False, _ranged(raw, "k", int, 0, MAX_K, defaults.k)
+    tree = _ranged(raw, "tree", int, 0, 256, defaults.tree)
+    draft = _typed(raw, "draft", str, defaults.draft)
+    if proposer == "draft":
+        layers = draft[5:] if draft and draft.startswith("self:") else None
+        self_ok = layers is not None and layers.isdigit() and 1 <= int(layers) <= num_layers
+        if not (self_ok or draft in defaults.allowed_drafts):
+            allowed = ", ".join([f"self:1..self:{num_layers}", *defaults.allowed_drafts])
+            raise APIError(f"proposer 'draft' needs speculation.draft in: {allowed}; got {draft!r}",
+                           "speculation.draft")
+    if proposer == "none":
+        k, adaptive = 0, False
+    try:
+        return SpecConfig(proposer=proposer, k=k, adaptive=adaptive, tree=tree, draft=draft,
+                          profile=defaults.profile)
+    except ValueError as exc:
+        raise APIError(str(exc), "speculation") from None
+
+
+def message_texts(body: dict) -> list[dict]:
+    """Chat messages as [{"role", "content": str}], content parts joined."""
+    messages = _typed(body, "messages", list)
+    if not messages:
+        raise APIError("'messages' must be a non-empty array", "messages",
+                       "missing_required_parameter" if messages is None else "invalid_value")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(f"Invalid type for '{where}': expected an object", where, "invalid_type")
+        role = _typed(message, "role", str)
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise APIError(f"Invalid value for '{where}.role': {role!r}", f"{where}.role")
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise APIError(f"'{where}.content' parts must be {{'type': 'text', 'text': str}}",
+                                   f"{where}.content", "invalid_type")
+                parts.append(part["text"])
+            content = "".join(parts)
+        elif content is None and role == "assistant":
+            content = ""
+        elif not isinstance(content, str):
+            raise APIError(f"Invalid type for '{where}.content': expected a string or an array "
+                           "of text parts", f"{where}.content", "invalid_type")
+        out.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in out):
+        raise APIError("The messages are all empty", "messages")
+    return out
+
+
+def prompt_inputs(body: dict) -> list[str | list[int]]:
+    """A completion's prompts: a string, a list of strings, token ids, or lists of token ids."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise APIError("You must provide a prompt.", "prompt", "missing_required_parameter")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(
+            isinstance(p, str) or (isinstance(p, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in p)) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise APIError("Invalid type for 'prompt': expected a string, an array of strings, an "
+                       "array of token ids or an array of such arrays", "prompt", "invalid_type")
+    if not prompts or any(not p or (isinstance(p, str) and not p.strip()) for p in prompts):
+        raise APIError("The prompt is empty", "prompt")
+    return prompts
+
+
+def max_tokens(body: dict, chat: bool, longest_prompt: int, context: int) -> int:
+    """The completion budget; past the context it is refused with the numbers."""
+    name = "max_tokens"
+    value = _ranged(body, "max_tokens", int, 1, 1 << 30, None)
+    if chat:
+        other = _ranged(body, "max_completion_tokens", int, 1, 1 << 30, None)
+        if other is not None:
+            name, value = "max_completion_tokens", other
+    if longest_prompt >= context:
+        raise APIError(f"This model's maximum context length is {context} tokens, and the prompt "
+                       f"has {longest_prompt} tokens, which leaves no room for a completion",
+                       "messages" if chat else "prompt", "context_length_exceeded")
+    if value is None:
+        # OpenAI's completions default to 16 tokens; chat defaults to the rest of the context.
+        return min(16, context - longest_prompt) if not chat else context - longest_prompt
+    if longest_prompt + value > context:
+        raise APIError(f"This model's maximum context length is {context} tokens. However, you "
+                       f"requested {longest_prompt + value} tokens ({longest_prompt} in the prompt, "
+                       f"{value} for the completion). Please reduce the prompt or {name}.",
+                       name, "context_length_exceeded")
+    return value
+
+
+def fallback_chat_text(messages: list[dict]) -> str:
+    """A plain transcript for tokenizers without a chat template (base models,
+    test tokenizers): one `<|role|>` header per turn, then the assistant's."""
+    turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return turns + "<|assistant|>\n"
+
+
+def encode_chat(engine, messages: list[dict]) -> list[int]:
+    """The prompt ids of a chat: the tokenizer's template, else `fallback_chat_text`."""
+    if getattr(engine.tokenizer, "chat_template", None):
+        return engine.encode_messages(messages)
+    return engine.encode(fallback_chat_text(messages))
+
+
+def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
+              defaults: ServeDefaults) -> Job:
+    """Validate a request body completely and tokenize its prompts."""
+    check_fields(body, chat)
+    check_model(body, served)
+    sampling, n, stream, include_usage = parse_sampling(body, chat)
+    spec = parse_spec(body, defaults, engine.target.num_layers)
+    echo = False if chat else _typed(body, "echo", bool, False)
+    if engine.tokenizer is None and (chat or sampling.stop):
+        raise APIError("this model has no tokenizer: send token ids, without chat or stop",
+                       "messages" if chat else "stop")
+    try:
+        if chat:
+            inputs: list = [encode_chat(engine, message_texts(body))]
+            texts = [""]
+        else:
+            inputs = prompt_inputs(body)
+            texts = [p if isinstance(p, str) else engine.decode(p) for p in inputs]
+            inputs = [engine.encode(p) if isinstance(p, str) else list(p) for p in inputs]
+    except ValueError as exc:
+        raise APIError(str(exc), "messages" if chat else "prompt") from None
+    vocab = engine.target.vocab_size
+    for ids in inputs:
+        if not ids:
+            raise APIError("The prompt is empty", "messages" if chat else "prompt")
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise APIError(f"prompt token ids must be in [0, {vocab})", "prompt")
+    budget = max_tokens(body, chat, max(len(ids) for ids in inputs), engine.target.max_context)
+    return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, n, stream,
+               include_usage, echo)

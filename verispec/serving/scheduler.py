@@ -1,0 +1,332 @@
+"""Continuous batching of speculative requests.
+
+One thread owns the model. Each step it admits queued requests into the
+running batch (up to `max_num_seqs`), chooses every request's draft length for
+this step (`cost.allocate`: speculation yields to load), asks each request to
+`prepare` its forward, runs ONE `target.forward_batch` over all of them, and
+hands each output back to its request's `complete`. Requests join and leave
+only at these step boundaries.
+
+Isolation: a request owns its KV cache, generator, proposer, stopper and
+controller, and `forward_batch` promises that item i's output equals what
+`forward(item i)` alone returns, so a request's output (greedy tokens, or the
+sampled stream for a given seed) does not depend on what shares its batch.
+
+Callers talk to the thread through `Ticket`s: `submit` queues them (or raises
+`QueueFull`), events come back through the ticket's `sink` callback (called on
+the scheduler thread: it must not block), and `cancel` marks a ticket so that
+the next step boundary drops it and releases its cache.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..bench.economics import CostModel
+from ..config import SamplingParams, SpecConfig
+from ..engine import SpecRequest
+from ..metrics import Stats
+from ..models.base import TargetModel
+from .cost import Candidate, StepCost, allocate
+from .metrics import Gauges, ServingMetrics
+
+
+class QueueFull(Exception):
+    """The wait queue is at `max_queue`: the caller should retry later (HTTP 429)."""
+
+
+class SchedulerClosed(Exception):
+    """The scheduler is shutting down and takes no new requests (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 8  # requests in the running batch
+    max_queue: int = 64  # requests waiting for a slot; more are refused
+    profile: CostModel | None = None  # prior shape of T(n), from `verispec profile`
+    cost_half_life: float = 64.0  # steps over which old step timings lose half their weight
+    explore_every: int = 16  # every n-th step one adaptive request drafts one more or less; 0: never
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+
+
+@dataclass
+class Progress:
+    """Tokens committed by one step of a request; the last one has a finish reason."""
+    tokens: list[int]
+    finish_reason: str | None
+    stats: Stats
+
+
+@dataclass
+class Failure:
+    """The request ended without finishing: `reason` is cancelled, invalid (its
+    settings were refused when it was built), error or shutdown."""
+    reason: str
+    message: str
+
+
+Event = Progress | Failure
+
+
+@dataclass(eq=False)
+class Ticket:
+    ids: list[int]
+    sampling: SamplingParams
+    spec: SpecConfig
+    sink: Callable[[Event], None]
+    id: int = field(default_factory=itertools.count().__next__)
+    cancelled: bool = False
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _Slot:
+    """A running request and what the scheduler learns about it."""
+    ticket: Ticket
+    request: SpecRequest
+    draft_seconds: float = 0.0  # discounted seconds spent proposing
+    draft_tokens: float = 0.0  # discounted draft tokens requested
+
+    @property
+    def seconds_per_draft(self) -> float | None:
+        return self.draft_seconds / self.draft_tokens if self.draft_tokens else None
+
+
+RequestFactory = Callable[[list[int], SamplingParams, SpecConfig], SpecRequest]
+
+
+class Scheduler:
+    def __init__(self, target: TargetModel, build: RequestFactory,
+                 config: SchedulerConfig | None = None,
+                 metrics: ServingMetrics | None = None) -> None:
+        """`build(ids, sampling, spec)` makes a step-wise request, e.g.
+        `lambda *a: engine.new_request(*a, own_timing=False)`."""
+        self.target = target
+        self.build = build
+        self.config = config or SchedulerConfig()
+        self.metrics = metrics or ServingMetrics()
+        self.cost = StepCost(self.config.profile, fused=target.fuses_batches,
+                             half_life=self.config.cost_half_life)
+        self._cond = threading.Condition()
+        self._queue: deque[Ticket] = deque()
+        self._running: list[_Slot] = []
+        self._closing = False
+        self._stop = False
+        self._admitting = 0  # popped from the queue, not yet running: counted as busy
+        self._steps = 0
+        self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
+        self._thread = threading.Thread(target=self._loop, name="verispec-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- caller side (any thread) ---------------------------------------------
+    def submit(self, tickets: Sequence[Ticket]) -> None:
+        """Queue all tickets or none: `QueueFull` past `max_queue` (counting
+        free batch slots as room), `SchedulerClosed` while shutting down."""
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosed("the server is shutting down")
+            free_slots = max(0, self.config.max_num_seqs - len(self._running) - self._admitting)
+            if len(self._queue) + len(tickets) > self.config.max_queue + free_slots:
+                self.metrics.request_done("rejected")
+                raise QueueFull(f"the queue is full ({len(self._queue)} waiting, "
+                                f"max_queue {self.config.max_queue}); retry later")
+            self._queue.extend(tickets)
+            self._cond.notify_all()
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Drop the ticket at the next step boundary, releasing its cache; a no-op once done."""
+        with self._cond:
+            ticket.cancelled = True
+            self._cond.notify_all()
+
+    def gauges(self) -> Gauges:
+        with self._cond:
+            return Gauges(len(self._queue), len(self._running) + self._admitting, len(self._caches))
+
+    def idle(self) -> bool:
+        with self._cond:
+            return self._idle()
+
+    def _idle(self) -> bool:
+        return not self._queue and not self._running and not self._admitting
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Graceful shutdown: refuse new requests, let running and queued ones
+        finish for up to `timeout` seconds, then cancel the rest and stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            deadline = time.monotonic() + timeout
+            while not self._idle() and time.monotonic() < deadline:
+                self._cond.wait(timeout=max(0.0, deadline - time.monotonic()))
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60.0)
+
+    # -- scheduler thread -----------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._stop:
+                    for slot in list(self._running):
+                        self._end(slot, Failure("shutdown", "the server shut down"))
+                    for ticket in self._queue:
+                        self._fail(ticket, Failure("shutdown", "the server shut down"))
+                    self._running.clear()
+                    self._queue.clear()
+                    self._cond.notify_all()
+                    return
+                self._reap()
+                admit = []
+                while self._queue and len(self._running) + len(admit) < self.config.max_num_seqs:
+                    admit.append(self._queue.popleft())
+                self._admitting = len(admit)
+                if not admit and not self._running:
+                    self._cond.notify_all()  # wakes close() waiting for an empty scheduler
+                    self._cond.wait()
+                    continue
+            for ticket in admit:
+                self._admit(ticket)
+            if self._running:
+                self._step()
+
+    def _admit(self, ticket: Ticket) -> None:
+        request = None
+        try:
+            request = self.build(ticket.ids, ticket.sampling, ticket.spec)
+        except ValueError as exc:  # settings the request's proposer refused
+            self._fail(ticket, Failure("invalid", str(exc)))
+        except Exception as exc:  # a bad request must not stop the others
+            self._fail(ticket, Failure("error", f"{type(exc).__name__}: {exc}"))
+        with self._cond:
+            self._admitting -= 1
+            if request is not None:
+                self.metrics.admitted(len(ticket.ids))
+                self._caches.add(request.cache)
+                self._running.append(_Slot(ticket, request))
+            self._cond.notify_all()
+
+    def _reap(self) -> None:
+        """Drop cancelled tickets, queued or running (called holding the lock)."""
+        for ticket in [t for t in self._queue if t.cancelled]:
+            self._queue.remove(ticket)
+            self._fail(ticket, Failure("cancelled", "cancelled by the client"))
+        for slot in [s for s in self._running if s.ticket.cancelled]:
+            self._end(slot, Failure("cancelled", "cancelled by the client"))
+
+    def _choose_ks(self, slots: list[_Slot]) -> list[int]:
+        candidates = []
+        for slot in slots:
+            r = slot.request
+            if not r.prefilled:
+                candidates.append(Candidate(max(0, len(r.tokens) - 1), 0, (0.0,), decoding=False))
+                continue
+            fixed = r.controller is None
+            if fixed:
+                # Only for the rate estimate: fixed requests draft what they asked for.
+                drafted = r.stats.drafted
+                alphas = (r.stats.accepted / drafted if drafted else 0.5,)
+            else:
+                alphas = tuple(r.controller.alphas)
+            candidates.append(Candidate(1, r.room(), alphas, fixed, slot.seconds_per_draft))
+        ks = list(allocate(candidates, self.cost))
+        self._steps += 1
+        every = self.config.explore_every
+        movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
+        if every and movable and self._steps % every == 0:
+            # Step times are measured only at the widths the allocator picks, and a wrong
+            # extrapolation elsewhere would never be corrected: now and then one request
+            # drafts one more, or one fewer, so the widths next to the chosen one are
+            # measured too. The rate is flat near its optimum, so this costs little.
+            turn = self._steps // every
+            i = movable[turn % len(movable)]
+            up = (turn // len(movable)) % 2 == 0 or ks[i] == 0
+            ks[i] = min(ks[i] + 1, candidates[i].k_cap) if up else ks[i] - 1
+        return ks
+
+    def _step(self) -> None:
+        slots = list(self._running)
+        ks = self._choose_ks(slots)
+        items, live = [], []
+        for slot, k in zip(slots, ks):
+            try:
+                items.append(slot.request.prepare(k))
+                live.append(slot)
+            except Exception as exc:
+                self._end_locked(slot, Failure("error", f"{type(exc).__name__}: {exc}"))
+        if not items:
+            return
+        t0 = time.perf_counter()
+        try:
+            outputs = self.target.forward_batch(items)
+        except Exception as exc:
+            # The caches of this batch are in an unknown state: end all of its requests.
+            for slot in live:
+                self._end_locked(slot, Failure("error", f"{type(exc).__name__}: {exc}"))
+            return
+        seconds = time.perf_counter() - t0
+        self.cost.observe([int(item.tokens.shape[0]) for item in items], seconds)
+        emitted = drafted = accepted = 0
+        decode_ks = []
+        for slot, out in zip(live, outputs):
+            request = slot.request
+            draft_before = request.stats.time_draft
+            try:
+                step = request.complete(out, seconds)
+            except Exception as exc:
+                self._end_locked(slot, Failure("error", f"{type(exc).__name__}: {exc}"))
+                continue
+            if step is None:  # the prefill commits nothing
+                continue
+            record = request.stats.steps[-1]
+            decode_ks.append(record.k)
+            if record.k:
+                slot.draft_seconds = 0.9 * slot.draft_seconds + request.stats.time_draft - draft_before
+                slot.draft_tokens = 0.9 * slot.draft_tokens + record.k
+            emitted, drafted = emitted + record.emitted, drafted + record.drafted
+            accepted += record.accepted
+            self._deliver(slot.ticket, Progress(step.tokens, step.finish_reason, request.stats))
+            if request.finished:
+                self._end_locked(slot, None)
+        self.metrics.step(len(items), seconds, decode_ks, emitted, drafted, accepted)
+
+    def _end_locked(self, slot: _Slot, failure: Failure | None) -> None:
+        with self._cond:
+            self._end(slot, failure)
+            self._cond.notify_all()
+
+    def _end(self, slot: _Slot, failure: Failure | None) -> None:
+        """Remove a running request and release its cache (called holding the lock)."""
+        if slot in self._running:
+            self._running.remove(slot)
+        stats = slot.request.stats
+        slot.request.release()
+        if failure is None:
+            slot.ticket.done = True
+            self.metrics.request_done("finished", tau=stats.tau)
+        else:
+            self._fail(slot.ticket, failure)
+
+    def _fail(self, ticket: Ticket, failure: Failure) -> None:
+        if ticket.done:
+            return
+        ticket.done = True
+        self.metrics.request_done(failure.reason)
+        self._deliver(ticket, failure)
+
+    @staticmethod
+    def _deliver(ticket: Ticket, event: Event) -> None:
+        try:
+            ticket.sink(event)
+        except Exception:  # a consumer gone away must not stop the batch
+            ticket.cancelled = True
