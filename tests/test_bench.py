@@ -85,6 +85,21 @@ def test_bench_runs_reports_and_writes_files(engine, tmp_path):
     assert out.markdown in (tmp_path / "report.md").read_text()
 
 
+def test_adaptive_and_auto_runs_record_and_plot_their_choices(engine, tmp_path):
+    p = plan("--workload", "chat", "--limit", "1", "--proposer", "ngram+auto,auto",
+             "--k", "4", "--max-new-tokens", "24")
+    out = bench_cli.execute(engine, p, tmp_path, progress=False)
+    for record in (r for r in out.records if r.kind != "peer"):
+        assert len(record.step_k) == record.target_forwards == len(record.step_proposer)
+        assert max(record.step_k) <= 4
+    auto = next(r for r in out.records if r.config == "auto")
+    assert set(auto.step_proposer) <= {"ngram", "none", "eagle", "medusa"}
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [r["step_k"] for r in data["records"]] == [r.step_k for r in out.records]
+    if any(len(set(r.step_k)) > 1 or len(set(r.step_proposer)) > 1 for r in out.records):
+        assert (tmp_path / "k_trajectory.png").stat().st_size > 0
+
+
 def test_sweep_on_pretokenized_prompts_without_tokenizer(tmp_path):
     bare = Engine(tiny_target(1, layers=2), tokenizer=None)
     prompts = [BenchPrompt("p0", "code-edit", tuple([3, 17, 4, 9, 3, 17, 4] * 3)),

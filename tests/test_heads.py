@@ -86,9 +86,9 @@ def test_resume_continues_bit_for_bit(root, tiny, tmp_path, monkeypatch):
 def test_continuous_batching_answers_like_one_by_one(tiny, tiny_native, tmp_path):
     """The batched decoder (native: forward_batch, slots refilled as requests
     finish) writes the same greedy responses as the engine run per prompt."""
-    from verispec.training.responses import fuses_batches, generate_responses
+    from verispec.training.responses import generate_responses
 
-    assert fuses_batches(tiny_native) and not fuses_batches(tiny)
+    assert tiny_native.fuses_batches and not tiny.fuses_batches
     prompts = tiny_prompts(tiny.vocab_size, count=10)
     settings = GenerationSettings(max_new_tokens=24, token_budget=10_000, sample_fraction=0.0,
                                   batch_size=3)

@@ -141,7 +141,7 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
                             for c in configs]}
     table = report.markdown(rows, sweeps, notes)
     report.write_json(out / "results.json", records, rows, sweeps, env, settings, notes)
-    figures = plots.draw_all(out, rows, sweeps)
+    figures = plots.draw_all(out, rows, sweeps, records)
     (out / "report.md").write_text(_report_md(env, plan, table, figures), encoding="utf-8")
     return BenchOutcome(out, table, records, rows, sweeps,
                         [out / "results.json", out / "report.md", *figures])

@@ -94,9 +94,42 @@ def time_split(path: str | Path, rows: Sequence[Row]) -> Path | None:
     return save_figure(fig, path)
 
 
-def draw_all(out_dir: str | Path, rows: Sequence[Row], sweeps: Sequence[SweepRow]) -> list[Path]:
+def k_trajectory(path: str | Path, records: Sequence) -> Path | None:
+    """Draft length chosen per target pass, one panel per workload, for every
+    configuration whose k or proposer changes during a run (adaptive, auto): the
+    first prompt of each workload, points coloured by the proposer that drafted."""
+    chosen = [r for r in records if r.step_k and (len(set(r.step_k)) > 1 or len(set(r.step_proposer)) > 1)]
+    if not chosen:
+        return None
+    workloads = sorted({r.workload for r in chosen})
+    fig, axes = plt.subplots(len(workloads), 1, figsize=(8, 2.2 * len(workloads)), squeeze=False)
+    colours: dict[str, str] = {}
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, workload in zip(axes[:, 0], workloads):
+        first: dict[str, object] = {}
+        for r in chosen:
+            if r.workload == workload and r.config not in first:
+                first[r.config] = r
+        for offset, (label, r) in enumerate(first.items()):
+            ax.plot(range(len(r.step_k)), [k + 0.08 * offset for k in r.step_k], lw=0.8,
+                    color="0.7", zorder=1)
+            for name in sorted(set(r.step_proposer)):
+                colour = colours.setdefault(name, palette[len(colours) % len(palette)])
+                steps = [i for i, p in enumerate(r.step_proposer) if p == name]
+                ax.scatter(steps, [r.step_k[i] + 0.08 * offset for i in steps], s=6, color=colour,
+                           label=f"{label}: {name}", zorder=2)
+        ax.set_title(f"{workload} (first prompt)", fontsize=9)
+        ax.set_ylabel("k chosen")
+        ax.legend(fontsize=6, loc="upper right", ncols=2)
+    axes[-1, 0].set_xlabel("target pass")
+    return save_figure(fig, path)
+
+
+def draw_all(out_dir: str | Path, rows: Sequence[Row], sweeps: Sequence[SweepRow],
+             records: Sequence = ()) -> list[Path]:
     out = Path(out_dir)
     made = [speedup_vs_k(out / "speedup_vs_k.png", sweeps),
             tau_vs_alpha(out / "tau_vs_alpha.png", rows),
-            time_split(out / "time_split.png", rows)]
+            time_split(out / "time_split.png", rows),
+            k_trajectory(out / "k_trajectory.png", records)]
     return [p for p in made if p is not None]

@@ -93,6 +93,9 @@ class RunRecord:
     vs_plain_at: int | None = None  # first divergent token index
     vs_hf_plain: str | None = None
     vs_hf_plain_at: int | None = None
+    # Per target pass, for trajectory plots: draft length asked, proposer that drafted.
+    step_k: list[int] = field(default_factory=list)
+    step_proposer: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -229,7 +232,9 @@ class Runner:
         split = TimeSplit(s.time_prefill, s.time_draft, s.time_verify, s.time_other, s.time_total)
         return RunRecord(prompt.workload, prompt.id, config.label, config.kind, config.k,
                          len(prompt.ids), len(result.token_ids), seconds, result.finish_reason,
-                         s.drafted, s.accepted, s.target_forwards, split, list(result.token_ids))
+                         s.drafted, s.accepted, s.target_forwards, split, list(result.token_ids),
+                         step_k=[step.k for step in s.steps],
+                         step_proposer=[step.proposer for step in s.steps])
 
 
 def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig]) -> None:

@@ -80,10 +80,6 @@ def _sampling(prompt: PromptIds, settings: GenerationSettings) -> SamplingParams
                           seed=rng.randrange(2**31), max_new_tokens=settings.max_new_tokens)
 
 
-def fuses_batches(target: TargetModel) -> bool:
-    return type(target).forward_batch is not TargetModel.forward_batch
-
-
 def generate_responses(target: TargetModel, prompts: Sequence[PromptIds], path: Path,
                        settings: GenerationSettings,
                        progress: Callable[[int], None] | None = None) -> list[Sample]:
@@ -100,7 +96,7 @@ def generate_responses(target: TargetModel, prompts: Sequence[PromptIds], path: 
     def enough() -> bool:
         return total >= settings.token_budget
 
-    decode = _decode_continuous if fuses_batches(target) else _decode_each
+    decode = _decode_continuous if target.fuses_batches else _decode_each
     with path.open("a") as out:
         for prompt, params, response in decode(target, pending, settings, enough):
             sample = Sample(prompt.id, prompt.kind, prompt.tokens, response, params.temperature)
