@@ -35,6 +35,9 @@ def test_greedy_equality_on_default_model(backend, dtype, invariant):
     engine = Engine("default", dtype=dtype, backend=backend, batch_invariant=invariant)
     prompts = mixed_prompts()
     assert len(prompts) >= 20
+    if backend == "hf" and dtype == "bf16":
+        # Reported, not asserted identical (see below): every other prompt keeps CI short.
+        prompts = prompts[::2]
     copied = 0
     for prompt_id, messages in prompts:
         ids = engine.encode_messages(messages)
