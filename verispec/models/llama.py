@@ -191,15 +191,10 @@ class NativeLlama(TargetModel):
             cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
         wanted = set().union(*(it.hidden_layers for it in items))
-        captured: dict[int, torch.Tensor] = {}
-        x = F.embedding(tokens, self.weights.embed)  # [rows, hidden]
-        if 0 in wanted:
-            captured[0] = x
         last = self.num_layers
-        for index, layer in enumerate(self.layers):
-            x = self._row_layer(layer, index, x, items, starts, offsets, cos, sin, plan)
-            if index + 1 in wanted and index + 1 < last:
-                captured[index + 1] = x
+        x, captured = self._through_layers(
+            tokens, wanted,
+            lambda index, layer, x: self._row_layer(layer, index, x, items, starts, offsets, cos, sin, plan))
         counts = [n if it.num_logits is None else it.num_logits for it, n in zip(items, sizes)]
         head_rows = torch.cat([torch.arange(o + n - c, o + n) for o, n, c in zip(offsets, sizes, counts)])
         if last in wanted:
@@ -299,15 +294,10 @@ class NativeLlama(TargetModel):
                                         rowwise=self.dtype != torch.float32)
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
         wanted = set(hidden_layers)
-        captured: dict[int, torch.Tensor] = {}
-        x = F.embedding(tokens, self.weights.embed)  # [rows, hidden]
-        if 0 in wanted:
-            captured[0] = x
         last = self.num_layers
-        for index, layer in enumerate(self.layers):
-            x = self._layer(layer, index, x, cache, cos, sin, attn_mask, start, n)
-            if index + 1 in wanted and index + 1 < last:
-                captured[index + 1] = x
+        x, captured = self._through_layers(
+            tokens, wanted,
+            lambda index, layer, x: self._layer(layer, index, x, cache, cos, sin, attn_mask, start, n))
         x = x[:n]
         if last in wanted:
             x = self._norm(x, self.weights.norm)
@@ -321,6 +311,19 @@ class NativeLlama(TargetModel):
             logits = self._head(head_in)
         hidden = tuple(captured[layer][:n] for layer in hidden_layers)
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _through_layers(self, tokens: torch.Tensor, wanted: set[int], step
+                        ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Embed, then run every decoder layer (`step(index, layer, x)`), keeping the
+        hidden states in `wanted` below the last one (HF's index: 0 = embeddings);
+        the caller takes the last one after the final norm."""
+        x = F.embedding(tokens, self.weights.embed)  # [rows, hidden]
+        captured = {0: x} if 0 in wanted else {}
+        for index, layer in enumerate(self.layers):
+            x = step(index, layer, x)
+            if index + 1 in wanted and index + 1 < self.num_layers:
+                captured[index + 1] = x
+        return x, captured
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, hidden] -> [rows, vocab] float32 logits."""
