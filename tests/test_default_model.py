@@ -35,8 +35,9 @@ def test_greedy_equality_on_default_model(backend, dtype, invariant):
     engine = Engine("default", dtype=dtype, backend=backend, batch_invariant=invariant)
     prompts = mixed_prompts()
     assert len(prompts) >= 20
-    if backend == "hf" and dtype == "bf16":
-        # Reported, not asserted identical (see below): every other prompt keeps CI short.
+    if (backend == "hf" and dtype == "bf16") or invariant:
+        # HF bf16 is reported, not asserted (see below); fp32 invariant runs 2.4x slower
+        # than plain fp32. Every other prompt keeps CI under 20 minutes.
         prompts = prompts[::2]
     copied = 0
     for prompt_id, messages in prompts:
