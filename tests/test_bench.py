@@ -43,6 +43,10 @@ def test_k_lists_and_config_labels():
         ("none", 0), ("ngram k=1", 1), ("ngram k=5", 5), ("self:2 k=1", 1), ("self:2 k=5", 5)]
     assert configs[0].is_plain and all(c.speculative for c in configs[1:])
     assert configs[3].spec.proposer == "draft" and configs[3].spec.draft == "self:2"
+    # An adaptive config chooses k itself: one run, capped at the sweep's largest k.
+    configs = verispec_configs("ngram,ngram+auto", 3, None, sweep=[1, 5])
+    assert [(c.label, c.k, c.spec.adaptive) for c in configs] == [
+        ("ngram k=1", 1, False), ("ngram k=5", 5, False), ("ngram+auto", 5, True)]
     picked = parse_peers("hf-plain,hf-assisted", 4, None)
     assert [c.label for c in picked.configs] == ["hf-plain"] and "hf-assisted" in picked.notes[0]
 
@@ -75,6 +79,8 @@ def test_bench_runs_reports_and_writes_files(engine, tmp_path):
 
     for name in ("results.json", "report.md", "tau_vs_alpha.png", "time_split.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+    # Static k only: no trajectory to plot, even where k shrinks near max_new_tokens.
+    assert not (tmp_path / "k_trajectory.png").exists()
     data = json.loads((tmp_path / "results.json").read_text())
     assert {"cpu", "cores", "torch_threads", "torch", "transformers", "dtype", "device",
             "model", "command"} <= set(data["environment"])
@@ -96,19 +102,27 @@ def test_adaptive_and_auto_runs_record_and_plot_their_choices(engine, tmp_path):
     assert set(auto.step_proposer) <= {"ngram", "none", "eagle", "medusa"}
     data = json.loads((tmp_path / "results.json").read_text())
     assert [r["step_k"] for r in data["records"]] == [r.step_k for r in out.records]
-    if any(len(set(r.step_k)) > 1 or len(set(r.step_proposer)) > 1 for r in out.records):
-        assert (tmp_path / "k_trajectory.png").stat().st_size > 0
+    assert all(r.adaptive for r in out.records if r.kind != "peer")
+    assert (tmp_path / "k_trajectory.png").stat().st_size > 0
 
 
 def test_sweep_on_pretokenized_prompts_without_tokenizer(tmp_path):
     bare = Engine(tiny_target(1, layers=2), tokenizer=None)
     prompts = [BenchPrompt("p0", "code-edit", tuple([3, 17, 4, 9, 3, 17, 4] * 3)),
                BenchPrompt("p1", "code-edit", tuple(range(10, 30)))]
-    p = plan("--workload", "code-edit", "--proposer", "none,ngram,self:1", "--sweep-k", "1,3",
-             "--peers", "none", "--max-new-tokens", "10")
+    p = plan("--workload", "code-edit", "--proposer", "none,ngram,self:1,ngram+auto",
+             "--sweep-k", "1,3", "--peers", "none", "--max-new-tokens", "10", "--repeats", "3")
     out = bench_cli.execute(bare, p, tmp_path, progress=False, prompts=prompts)
     assert [(s.name, s.ks) for s in out.sweeps] == [("ngram", [1, 3]), ("self:1", [1, 3])]
     assert all(s.best_k in (1, 3) for s in out.sweeps)
+    ngram, selfdraft = out.sweeps
+    best = ngram.speedup[ngram.ks.index(ngram.best_k)]
+    assert ngram.adaptive_vs_best == pytest.approx(ngram.adaptive / best)
+    assert selfdraft.adaptive is None and "+auto / best" in out.markdown
+    # Three timed repeats per run; the record's time is their median.
+    assert all(len(r.seconds_all) == 3 and r.seconds == sorted(r.seconds_all)[1]
+               for r in out.records)
+    assert "3 timed repeats" in (tmp_path / "report.md").read_text()
     # No hf-plain: speedups are over verispec's plain loop.
     assert all(r.reference == "none" for r in out.rows)
     assert all(r.vs_plain.mismatch == 0 for r in out.rows)

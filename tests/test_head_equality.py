@@ -80,9 +80,10 @@ def _exact_marginals(target, prompt: list[int], temperature: float) -> tuple[np.
     return first, second
 
 
-def _sampled_counts(tmp_path, kind: str, runs: int):
+def _sampled_counts(tmp_path, kind: str, runs: int, **spec_options):
     """First and second tokens of `runs` seeded three-token requests on a vocab-8
-    target, with a random head drafting two; and the exact marginals to expect."""
+    target, with a random head drafting two (or a tree: spec_options); and the
+    exact marginals to expect."""
     target = tiny_target(11, layers=1, vocab=8)
     head = str(random_head(tmp_path / kind, kind, target, seed=1))
     engine = Engine(target)
@@ -93,7 +94,7 @@ def _sampled_counts(tmp_path, kind: str, runs: int):
     for seed in range(runs):
         got = engine.generate(prompt, SamplingParams(temperature=temperature, seed=seed,
                                                      max_new_tokens=3),
-                              SpecConfig(kind, k=2, head=head))
+                              SpecConfig(kind, k=2, head=head, **spec_options))
         counts[0, got.token_ids[0]] += 1
         counts[1, got.token_ids[1]] += 1
         drafted += got.stats.drafted

@@ -2,7 +2,6 @@
 the engine usable; sampling is seeded."""
 from __future__ import annotations
 
-import json
 
 import pytest
 

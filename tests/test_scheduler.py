@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from conftest import CharTokenizer, tiny_target
+from conftest import CharTokenizer, tiny_engine
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench.economics import CostModel
-from verispec.serving.cost import Candidate, StepCost, allocate
+from verispec.serving.cost import Candidate, StepCost, allocate, calibrate
 from verispec.serving.scheduler import (Failure, Progress, QueueFull, Scheduler, SchedulerConfig,
                                         Ticket)
 
@@ -25,10 +25,7 @@ SPECS = [SpecConfig("none", k=0), SpecConfig("ngram", k=4), SpecConfig("ngram", 
 
 @pytest.fixture(scope="module")
 def engine():
-    target = tiny_target(0, layers=2)
-    eng = Engine(target, tokenizer=CharTokenizer())
-    eng._drafts["same"] = target
-    return eng
+    return tiny_engine()
 
 
 class Collector:
@@ -208,6 +205,45 @@ def test_step_cost_learns_the_measured_curve():
     assert 0.01 < cost.predict([16]) < 0.04
     # A fused flat prior, corrected by the measurement, now stops speculating under load.
     assert sum(allocate([Candidate(1, 8, [0.6] * 8) for _ in range(32)], cost)) == 0
+
+
+def test_noisy_dips_never_make_a_wider_step_look_cheaper():
+    cost = StepCost(CostModel(verify_overhead=0.0), fused=True, half_life=4.0)
+    for _ in range(10):
+        cost.observe([16], 0.040)
+        cost.observe([24], 0.050)
+        cost.observe([32], 0.045)  # a lucky measurement
+    table = cost.table(40)
+    assert all(b >= a for a, b in zip(table[1:], table[2:]))
+    assert table[32] == pytest.approx(0.050)
+
+
+def test_drafting_must_beat_plain_by_the_margin():
+    # Predicted gain of one draft at alpha 0.5 on a flat step: +50%. At 0.02 per
+    # position past width 1 and alpha 0.03, it is +1%: under a 2% margin, nobody drafts.
+    flat = StepCost(CostModel(verify_overhead=0.0), fused=True)
+    assert allocate([Candidate(1, 4, [0.5] * 4)], flat, margin=0.02) == [4]
+    cost = StepCost(CostModel(verify_overhead=0.02), fused=True)
+    weak = [Candidate(1, 4, [0.03] * 4) for _ in range(1)]
+    assert allocate(weak, cost, margin=0.0) == [1]
+    assert allocate(weak, cost, margin=0.02) == [0]
+    # Fixed requests keep their k whatever the margin.
+    assert allocate([Candidate(1, 3, [0.0], fixed=True)], cost, margin=0.5) == [3]
+
+
+def test_calibration_times_the_target(tiny_native):
+    prior = calibrate(tiny_native, widths=(1, 4, 16), context=8, repeats=1)
+    assert prior is not None and len(prior.profile) == 16 and prior.profile[0] == 1.0
+    assert all(b >= a for a, b in zip(prior.profile, prior.profile[1:]))
+    assert calibrate(tiny_native, widths=(1, 4), context=tiny_native.max_context) is None
+
+
+def test_plain_requests_reserve_no_draft_positions(engine):
+    """`none` (with any k) feeds one position per step, and the allocator is told so."""
+    sampling, spec = SamplingParams(max_new_tokens=6), SpecConfig("none", k=5)
+    assert engine.new_request(PROMPTS[0], sampling, spec).room() == 0
+    result = engine.generate(PROMPTS[0], sampling, spec)
+    assert len(result.stats.steps) == 6 and all(r.k == 0 for r in result.stats.steps)
 
 
 def test_fused_backends_are_detected(engine, tiny_native):

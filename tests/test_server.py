@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from conftest import CharTokenizer, tiny_target
+from conftest import CharTokenizer, tiny_engine, tiny_target
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.serving.protocol import ServeDefaults, encode_chat, fallback_chat_text
 from verispec.serving.scheduler import SchedulerConfig
@@ -30,10 +30,7 @@ class ChatCharTokenizer(CharTokenizer):
 
 @pytest.fixture(scope="module")
 def engine():
-    target = tiny_target(0, layers=2)
-    eng = Engine(target, tokenizer=ChatCharTokenizer())
-    eng._drafts["same"] = target
-    return eng
+    return tiny_engine(ChatCharTokenizer())
 
 
 @pytest.fixture(scope="module")
@@ -305,11 +302,17 @@ def test_load_driver_and_serving_bench(server, tmp_path):
     assert summary["latency_p50_s"] <= summary["latency_p99_s"] and summary["tau"] >= 1.0
     code = main(["bench", "--server", server.url, "--concurrency", "1,2", "--duration", "0.3",
                  "--max-new-tokens", "6", "--workload", "chat", "--proposer", "none,ngram",
-                 "--k", "3", "--out", str(tmp_path)])
+                 "--k", "3", "--rounds", "2", "--out", str(tmp_path)])
     assert code == 0
     table = (tmp_path / "report.md").read_text()
     assert "none tok/s" in table and "ngram k=3 tok/s" in table and "ngram adaptive tok/s" in table
+    assert "ngram adaptive / none" in table
     assert (tmp_path / "serving.png").exists()
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert all(row["errors"] == 0 for mode in results.values() for row in mode.values())
+    # Each cell is the median of its two rounds.
+    for mode in results.values():
+        for row in mode.values():
+            speeds = sorted(r["tokens_per_s"] for r in row["rounds"])
+            assert len(speeds) == 2 and row["tokens_per_s"] == pytest.approx(sum(speeds) / 2)
     wait_drained(server)

@@ -40,6 +40,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
+    from .config import TREE_SHAPES
     from .proposers import available
 
     p.add_argument("--proposer", default="ngram", choices=available(),
@@ -55,9 +56,22 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="for --proposer draft: a model path, or self:L to reuse the "
                         "target's first L layers (no extra weights)")
-    p.add_argument("--tree", type=int, default=0,
+    p.add_argument("--tree", default="0", metavar="N|auto",
                    help="node budget of a token tree verified in one pass (ngram: one branch "
-                        "per distinct match); 0 = a chain of k tokens")
+                        "per distinct match); 0 = a chain of k tokens; auto = choose the "
+                        "budget (up to --tree-max) and the depth per step from measured "
+                        "acceptance and step times (implies --k auto)")
+    p.add_argument("--tree-max", type=int, default=32,
+                   help="with --tree auto: the largest node budget considered (default 32)")
+    p.add_argument("--tree-shape", default="dynamic", choices=TREE_SHAPES,
+                   help="with --tree, for draft / eagle / medusa: dynamic = EAGLE-2's tree, "
+                        "growing the branches with the highest cumulative draft probability and "
+                        "keeping the --tree likeliest nodes; topb = a static tree, every node's "
+                        "--tree-branch likeliest children, breadth-first up to --tree nodes. "
+                        "Depth is at most --k either way")
+    p.add_argument("--tree-branch", type=int, default=4,
+                   help="with --tree: children per expanded node (dynamic also expands this many "
+                        "nodes per depth); ngram ignores it")
     p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix n-gram to look up")
     p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
     p.add_argument("--head", default=None,
@@ -90,12 +104,19 @@ def sampling_from(args):
 def spec_from(args):
     from .config import SpecConfig
 
-    adaptive = str(args.k) == "auto"
+    tree_auto = str(args.tree) == "auto"
+    adaptive = str(args.k) == "auto" or tree_auto
     try:
-        k = args.k_max if adaptive else int(args.k)
+        k = args.k_max if adaptive and str(args.k) == "auto" else int(args.k)
     except ValueError:
         raise CliError(f"--k takes a whole number or auto, got {args.k!r}") from None
-    return SpecConfig(proposer=args.proposer, k=k, draft=args.draft, adaptive=adaptive, tree=args.tree,
+    try:
+        tree = args.tree_max if tree_auto else int(args.tree)
+    except ValueError:
+        raise CliError(f"--tree takes a whole number or auto, got {args.tree!r}") from None
+    return SpecConfig(proposer=args.proposer, k=k, draft=args.draft, adaptive=adaptive, tree=tree,
+                      tree_auto=tree_auto,
+                      tree_shape=args.tree_shape, tree_branch=args.tree_branch,
                       profile=args.profile, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                       head=args.head, lossy_typical=args.lossy_typical)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+TREE_SHAPES = ("dynamic", "topb")  # shapes of model-drafted trees (verispec.proposers.tree_drafting)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,6 +46,10 @@ class SpecConfig:
     profile: str | None = None  # cost profile JSON from `verispec profile`, a prior for adaptive
     draft: str | None = None  # for proposer=draft: a model path, or "self:L" for a layer-skip draft
     tree: int = 0  # node budget for tree drafts (verified in one pass); 0 drafts a chain
+    tree_shape: str = "dynamic"  # model-drafted trees: "dynamic" (EAGLE-2: best cumulative
+    # draft probability) or "topb" (every node's tree_branch best children, breadth-first)
+    tree_branch: int = 4  # children per expanded node (and expanded nodes per depth, dynamic)
+    tree_auto: bool = False  # choose the node budget per step (up to `tree`), with k; needs adaptive
     ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
     ngram_max: int = 4  # longest suffix it tries first
     head: str | None = None  # for proposer=eagle|medusa: a head directory; None = the shipped one
@@ -55,6 +61,14 @@ class SpecConfig:
             raise ValueError(f"k must be >= 0, got {self.k}")
         if self.tree < 0:
             raise ValueError(f"tree node budget must be >= 0, got {self.tree}")
+        if self.tree_shape not in TREE_SHAPES:
+            raise ValueError(f"tree_shape must be one of {', '.join(TREE_SHAPES)}, "
+                             f"got {self.tree_shape!r}")
+        if self.tree_auto and not (self.adaptive and self.tree):
+            raise ValueError("tree_auto chooses a node budget up to `tree` together with k: "
+                             "it needs adaptive=True and tree > 0 (the cap)")
+        if self.tree_branch < 1:
+            raise ValueError(f"tree_branch must be >= 1, got {self.tree_branch}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")

@@ -33,6 +33,7 @@ from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
 from .stopping import Stopper
 from .tree import TreeFeed, tree_feed, tree_finish
+from .tree_policy import AdaptiveTree
 
 
 @dataclass
@@ -59,6 +60,7 @@ class StepOutcome:
     num_accepted: int
     drafted: int  # draft tokens (chain) or tree nodes verified
     hidden: tuple[torch.Tensor, ...]  # per requested layer, rows of the committed positions
+    leaf: bool = False  # tree step: the accepted path ended at a leaf (nothing was rejected)
 
 
 @dataclass
@@ -119,6 +121,8 @@ class SpecRequest:
     def room(self) -> int:
         """The most draft tokens the next step may verify: the request's k, and
         never past max_new_tokens (the bonus token needs one slot) or the context."""
+        if self.proposer is None or not self.proposer.drafts:
+            return 0
         return max(0, min(self.spec.k, self.sampling.max_new_tokens - len(self.generated) - 1,
                           self.target.max_context - len(self.tokens)))
 
@@ -141,7 +145,10 @@ class SpecRequest:
         t0 = time.perf_counter()
         proposal = Proposal.empty()
         shadow = None
-        ctx = DraftContext(self.tokens, self.num_prompt, self.hidden)
+        # A tree controller (`--tree auto`) sets this step's node budget with k; a
+        # scheduler-chosen k keeps the proposer's configured budget.
+        nodes = self.controller.nodes if self.controller is not None and k is None else None
+        ctx = DraftContext(self.tokens, self.num_prompt, self.hidden, tree_nodes=nodes)
         if budget > 0:
             proposal = self.proposer.propose(ctx, budget)
         elif self.shadows and room > 0:
@@ -190,9 +197,16 @@ class SpecRequest:
         stats.time_verify += verify_seconds
         if self.controller:
             timed = self.own_timing
+            if pending.tree is None:
+                drafted, fed, tree = outcome.drafted, None, False
+            else:
+                # Depths along the accepted path, censored at a leaf: the acceptance per
+                # depth the controller models (tree nodes are not depths).
+                drafted, fed, tree = outcome.num_accepted + (not outcome.leaf), outcome.drafted + 1, True
             self.controller.observe(StepObservation(
-                pending.budget, outcome.drafted, outcome.num_accepted,
-                pending.draft_seconds if timed else None, verify_seconds if timed else None))
+                pending.budget, drafted, outcome.num_accepted,
+                pending.draft_seconds if timed else None, verify_seconds if timed else None,
+                fed_positions=fed, tree=tree))
             if pending.shadow is not None and len(pending.shadow):
                 self.controller.observe_shadow(
                     1, int(int(pending.shadow.tokens[0]) == committed[0]))
@@ -214,7 +228,7 @@ class SpecRequest:
         if pending.tree is not None:
             result = tree_finish(pending.tree, out, self.cache, self.sampling, self.generator)
             return StepOutcome(result.tokens, result.num_accepted, len(pending.tree.tree),
-                               result.hidden)
+                               result.hidden, leaf=result.bonus)
         drafts = pending.drafts
         verdict = _verify(drafts, pending.draft_probs, out.logits, self.sampling, self.generator,
                           self.spec.lossy_typical)
@@ -252,10 +266,11 @@ def speculate(
     return run_alone(target, request)
 
 
-def _controller(spec: SpecConfig) -> AdaptiveK | None:
+def _controller(spec: SpecConfig) -> AdaptiveK | AdaptiveTree | None:
     if not spec.adaptive:
         return None
-    return AdaptiveK(load_profile(spec.profile) if spec.profile else None)
+    chain = AdaptiveK(load_profile(spec.profile) if spec.profile else None)
+    return AdaptiveTree(chain, spec.tree) if spec.tree_auto else chain
 
 
 def _verify(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,

@@ -57,6 +57,9 @@ class StepObservation:
     draft_seconds: float | None = None  # wall time of propose(); None when not timed
     verify_seconds: float | None = None  # wall time of the target forward and verifier
     fed_positions: int | None = None  # positions in that forward; None means drafted + 1
+    # A tree step: drafted/accepted then count depths along the accepted path (censored:
+    # drafted = accepted when the path ended at a leaf, else accepted + 1).
+    tree: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.accepted <= self.drafted:
@@ -145,6 +148,8 @@ def _binomial_tail(x: int, n: int, p: float) -> float:
 class AdaptiveK:
     """Chooses k per step for one request; see the module docstring."""
 
+    nodes: int | None = None  # tree budget per step: None keeps the proposer's own (tree_policy)
+
     def __init__(self, cost: CostModel | None = None, *, max_depth: int = 32,
                  half_life: float = 16.0, cost_half_life: float = 64.0,
                  prior_alpha: float = 0.5, prior_strength: float = 1.0,
@@ -172,9 +177,11 @@ class AdaptiveK:
         self._succ = np.zeros(max_depth)
         self._fail = np.zeros(max_depth)
         self._restart()
-        self._rel = np.array([self.cost.relative_time(n) for n in range(1, max_depth + 2)])
-        self._verify_sum = np.zeros(max_depth + 1)  # index n - 1: discounted seconds
-        self._verify_weight = np.zeros(max_depth + 1)  # and discounted count
+        # Widths up to a 128-node tree plus its root, or a max_depth chain plus its root.
+        widths = max(max_depth + 1, 129)
+        self._rel = np.array([self.cost.relative_time(n) for n in range(1, widths + 1)])
+        self._verify_sum = np.zeros(widths)  # index n - 1: discounted seconds
+        self._verify_weight = np.zeros(widths)  # and discounted count
         self._warm = False  # a timed step has been seen (and skipped)
         self._draft_sum = 0.0  # discounted draft seconds
         self._draft_tokens = 0.0  # discounted requested draft tokens
@@ -207,6 +214,13 @@ class AdaptiveK:
         """
         verify = self._verify_prediction(max_k + 1)
         return verify + self._draft_per_token(verify[0]) * np.arange(max_k + 1)
+
+    def verify_seconds(self, positions: int) -> float:
+        """Predicted seconds of one target forward over `positions` fed positions."""
+        return float(self._verify_prediction(positions)[-1])
+
+    def draft_seconds_per_token(self) -> float:
+        return self._draft_per_token(float(self._verify_prediction(1)[0]))
 
     def _draft_per_token(self, t1: float) -> float:
         return (self._draft_sum + self.cost.draft_cost * t1) / (self._draft_tokens + 1.0)
@@ -258,6 +272,14 @@ class AdaptiveK:
                 if failed else self.probe_interval
             self._probing = False
         self._accept(obs.drafted, obs.accepted)
+        self._time(obs)
+
+    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+        """Acceptance evidence alone (a tree budget's own estimate, tree_policy)."""
+        self._accept(drafted, accepted)
+
+    def observe_timing(self, obs: StepObservation) -> None:
+        """Timings alone: a step whose acceptance belongs to another estimate."""
         self._time(obs)
 
     def observe_shadow(self, drafted: int, matched: int) -> None:

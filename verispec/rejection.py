@@ -34,11 +34,12 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     """Accept the longest prefix equal to the target's argmax, then emit the
     target's own token. draft_tokens: [k]; target_logits: [k + 1, vocab]."""
     k = draft_tokens.shape[0]
-    target_tokens = target_logits.argmax(-1)  # [k + 1]
-    matches = (target_tokens[:k] == draft_tokens.to(target_tokens.device)).int()
-    num_accepted = int(matches.cumprod(0).sum()) if k else 0
-    tokens = target_tokens[: num_accepted + 1].tolist()
-    return Verdict(num_accepted, tokens, bonus=num_accepted == k)
+    # One device op, then plain Python on k + 1 ints: this runs for every request
+    # at every step, where a chain of small tensor ops costs more than the argmax.
+    target_tokens = target_logits.argmax(-1).tolist()  # [k + 1]
+    drafts = draft_tokens.tolist()
+    num_accepted = next((i for i, (t, d) in enumerate(zip(target_tokens, drafts)) if t != d), k)
+    return Verdict(num_accepted, target_tokens[: num_accepted + 1], bonus=num_accepted == k)
 
 
 def verify_sampling(

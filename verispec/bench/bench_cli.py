@@ -55,6 +55,7 @@ class BenchPlan:
     sweep: list[int] | None = None
     notes: list[str] = field(default_factory=list)
     model: str | None = None  # what --model named: llama.cpp peers read it as a GGUF
+    repeats: int = 1  # timed runs per (prompt, config); the median time is reported
 
 
 @dataclass
@@ -78,8 +79,11 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     peers = parse_peers(args.peers, args.k, args.draft)
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed,
                               max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
+    repeats = getattr(args, "repeats", 1)
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
     return BenchPlan(workloads, configs + peers.configs, sampling, args.limit, args.draft,
-                     sweep, list(peers.notes), args.model)
+                     sweep, list(peers.notes), args.model, repeats)
 
 
 def _peer_runner(engine, plan: BenchPlan, notes: list[str]):
@@ -102,7 +106,8 @@ def _report_md(env: dict, plan: BenchPlan, table: str, files: list[Path]) -> str
              + (f", GPU {env['gpu']}" if env["gpu"] else ""),
              f"- torch {env['torch']}, transformers {env['transformers']}, verispec {env['verispec']}",
              f"- max_new_tokens {plan.sampling.max_new_tokens}, temperature "
-             f"{plan.sampling.temperature:g}, seed {plan.sampling.seed}",
+             f"{plan.sampling.temperature:g}, seed {plan.sampling.seed}"
+             + (f", {plan.repeats} timed repeats per run (median)" if plan.repeats > 1 else ""),
              f"- command: `{env['command']}`", "", table]
     lines += [f"![{p.stem}]({p.name})" for p in files]
     return "\n".join(lines) + "\n"
@@ -119,7 +124,8 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
     # Peers run transformers' generate, so a native target brings an HF twin of itself.
     peers = _peer_runner(peer_engine or engine, plan, notes)
     configs = [c for c in plan.configs if c.kind != PEER or (peers is not None and peers.runs(c))]
-    records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress)
+    records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress,
+                        repeats=plan.repeats)
     if plan.sampling.greedy:
         check_equality(engine.target, prompts, records, configs, peers=peers)
     else:
@@ -235,8 +241,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help=f"comma list of {', '.join(WORKLOADS)}, or all (default all)")
     bench.add_argument("--proposer", default="none,ngram",
                        help="comma list: none, ngram, self:L, draft, or a registered name, "
-                            "each with optional +tree=N (token tree) or +auto (adaptive k), "
-                            "e.g. ngram+tree=16,ngram+auto (default none,ngram)")
+                            "each with optional +tree=N (token tree), +tree=auto (tree budget "
+                            "and depth chosen per step) or +auto (adaptive k), e.g. "
+                            "ngram+tree=16,ngram+auto,eagle+tree=auto (default none,ngram)")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per target pass (default 4)")
     bench.add_argument("--sweep-k", default=None, metavar="RANGE",
                        help="also run each speculative proposer at every k: 1..10 or 1,2,4,8 "
@@ -267,6 +274,13 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="serving benchmark against a running `verispec serve` at URL")
     bench.add_argument("--duration", type=float, default=20.0,
                        help="serving benchmark: seconds per mode and level (default 20)")
+    bench.add_argument("--repeats", type=int, default=1,
+                       help="time every (prompt, config) this many times, interleaved, and "
+                            "report the median: ratios then survive a noisy machine (default 1)")
+    bench.add_argument("--rounds", type=int, default=1,
+                       help="serving benchmark: repeat every level's mode rotation this many "
+                            "times and report medians; the machine's drift then hits all "
+                            "modes alike (default 1)")
     add_model_args(bench)
     bench.set_defaults(func=cmd_bench)
 

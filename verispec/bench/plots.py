@@ -33,7 +33,11 @@ def speedup_vs_k(path: str | Path, sweeps: Sequence[SweepRow]) -> Path | None:
     for ax, workload in zip(axes[0], workloads):
         for s in (s for s in sweeps if s.workload == workload):
             relative = all(v is not None for v in s.speedup)
-            ax.plot(s.ks, s.speedup if relative else s.tokens_per_s, marker="o", label=s.name)
+            line, = ax.plot(s.ks, s.speedup if relative else s.tokens_per_s, marker="o",
+                            label=s.name)
+            if s.adaptive is not None:
+                ax.axhline(s.adaptive, color=line.get_color(), lw=1.2, ls="--",
+                           label=f"{s.name}+auto (k chosen per step)")
             ax.set_ylabel("speedup" if relative else "tokens/s")
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_title(workload)
@@ -96,9 +100,10 @@ def time_split(path: str | Path, rows: Sequence[Row]) -> Path | None:
 
 def k_trajectory(path: str | Path, records: Sequence) -> Path | None:
     """Draft length chosen per target pass, one panel per workload, for every
-    configuration whose k or proposer changes during a run (adaptive, auto): the
-    first prompt of each workload, points coloured by the proposer that drafted."""
-    chosen = [r for r in records if r.step_k and (len(set(r.step_k)) > 1 or len(set(r.step_proposer)) > 1)]
+    configuration that chooses k or the proposer per step (adaptive, auto; a
+    static k only shrinks at the end, near max_new_tokens): the first prompt of
+    each workload, points coloured by the proposer that drafted."""
+    chosen = [r for r in records if r.step_k and r.adaptive]
     if not chosen:
         return None
     workloads = sorted({r.workload for r in chosen})

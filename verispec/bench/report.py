@@ -72,6 +72,8 @@ class SweepRow:
     tau: list[float | None]
     speedup: list[float | None]
     best_k: int
+    adaptive: float | None = None  # the `+auto` run's score (speedup, else tok/s), if one ran
+    adaptive_vs_best: float | None = None  # that score over the best static k's
 
 
 def reference_label(configs: Sequence[BenchConfig]) -> str | None:
@@ -142,10 +144,16 @@ def sweep(rows: Sequence[Row], configs: Sequence[BenchConfig]) -> list[SweepRow]
             if len(mine) < 2:
                 continue
             score = [r.speedup if r.speedup is not None else r.tokens_per_s for r in mine]
-            best = mine[max(range(len(mine)), key=score.__getitem__)].k
+            top = max(range(len(mine)), key=score.__getitem__)
+            auto = next((r for r in rows if r.workload == workload and r.name == f"{name}+auto"
+                         and r.kind != PEER), None)
+            auto_score = None if auto is None else (
+                auto.speedup if mine[top].speedup is not None else auto.tokens_per_s)
             out.append(SweepRow(workload, name, [r.k for r in mine],
                                 [r.tokens_per_s for r in mine], [r.tau for r in mine],
-                                [r.speedup for r in mine], best))
+                                [r.speedup for r in mine], mine[top].k, auto_score,
+                                None if auto_score is None or not score[top]
+                                else auto_score / score[top]))
     return out
 
 
@@ -199,16 +207,28 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
         lines.append("")
     if sweeps:
         ks = sorted({k for s in sweeps for k in s.ks})
-        head = "| workload | proposer | metric | " + " | ".join(f"k={k}" for k in ks) + " | best k |"
-        lines += ["### k sweep", "", head, "|" + "---|" * (len(ks) + 4)]
+        adaptive = any(s.adaptive is not None for s in sweeps)
+        extra = " +auto | +auto / best |" if adaptive else ""
+        head = ("| workload | proposer | metric | " + " | ".join(f"k={k}" for k in ks)
+                + " | best k |" + extra)
+        lines += ["### k sweep", "", head, "|" + "---|" * (len(ks) + 4 + 2 * adaptive)]
         for s in sweeps:
-            for metric, values, fmt in (("tok/s", s.tokens_per_s, ".1f"), ("tau", s.tau, ".2f"),
-                                        ("speedup", s.speedup, ".2f")):
-                if all(v is None for v in values):
-                    continue
+            metrics = [(m, v, f) for m, v, f in (("tok/s", s.tokens_per_s, ".1f"),
+                                                 ("tau", s.tau, ".2f"),
+                                                 ("speedup", s.speedup, ".2f"))
+                       if not all(x is None for x in v)]
+            # The adaptive cells sit on the row of the metric they were scored by.
+            by = "speedup" if any(v is not None for v in s.speedup) else "tok/s"
+            for metric, values, fmt in metrics:
                 by_k = dict(zip(s.ks, values))
                 cells = " | ".join(_f(by_k.get(k), fmt) for k in ks)
-                lines.append(f"| {s.workload} | {s.name} | {metric} | {cells} | {s.best_k} |")
+                scored = metric == by
+                tail = ""
+                if adaptive:
+                    tail = (f" {_f(s.adaptive, fmt)} | {_f(s.adaptive_vs_best, '.2f', 'x')} |"
+                            if scored else " | |")
+                lines.append(f"| {s.workload} | {s.name} | {metric} | {cells} | {s.best_k} |"
+                             + tail)
         lines.append("")
     lines.append(f"tok/s: median over prompts. speedup: median per-prompt ratio over "
                  f"{ref or '(no reference run)'}. alpha = accepted/drafted; tau = tokens per "

@@ -9,6 +9,7 @@ of whichever happened to run last.
 from __future__ import annotations
 
 import gc
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -96,6 +97,10 @@ class RunRecord:
     # Per target pass, for trajectory plots: draft length asked, proposer that drafted.
     step_k: list[int] = field(default_factory=list)
     step_proposer: list[str] = field(default_factory=list)
+    # With --repeats R: every run's wall time; `seconds` is their median. Outputs and
+    # statistics are those of the first run (a seeded run repeats them exactly).
+    seconds_all: list[float] = field(default_factory=list)
+    adaptive: bool = False  # the config chooses k or the proposer per step (trajectory plots)
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,17 +133,23 @@ def parse_k_list(text: str) -> list[int]:
 def proposer_spec(token: str, k: int, draft: str | None) -> SpecConfig:
     """The SpecConfig a command-line proposer token stands for: a name
     (none, ngram, self:L, draft, ...) with optional modifiers `+tree=N` (a token
-    tree of N nodes) and `+auto` (adaptive k, capped at k)."""
+    tree of N nodes), `+tree=k` (a tree of as many nodes as k, depth <= k: tree
+    against chain at equal nodes in a k sweep), `+tree=auto` (node budget and
+    depth chosen per step, up to 32 nodes) and `+auto` (adaptive k, capped at k)."""
     name, *modifiers = token.split("+")
     spec = _base_spec(name, k, draft)
     for modifier in modifiers:
         if modifier == "auto":
             spec = replace(spec, adaptive=True)
+        elif modifier == "tree=auto":
+            spec = replace(spec, adaptive=True, tree=32, tree_auto=True)
+        elif modifier == "tree=k":
+            spec = replace(spec, tree=k)  # as many nodes as the chain at this k drafts
         elif modifier.startswith("tree=") and modifier[5:].isdigit():
             spec = replace(spec, tree=int(modifier[5:]))
         else:
             raise ValueError(f"proposer {token!r}: unknown modifier {modifier!r}; "
-                             "use +auto or +tree=N")
+                             "use +auto, +tree=N, +tree=k or +tree=auto")
     return spec
 
 
@@ -163,7 +174,9 @@ def _base_spec(token: str, k: int, draft: str | None) -> SpecConfig:
 def verispec_configs(text: str, k: int, draft: str | None,
                      sweep: Sequence[int] | None = None) -> list[BenchConfig]:
     """Configs for `--proposer none,ngram,self:8`; with a sweep every
-    speculative proposer runs at each k instead of at `k`."""
+    speculative proposer runs at each k instead of at `k`, except adaptive
+    ones (`+auto`), which choose k themselves: they run once, capped at the
+    sweep's largest k, to be compared with the best static k."""
     if k < 1:
         raise ValueError(f"--k must be >= 1, got {k} (use --proposer none for plain decoding)")
     tokens: list[str] = []
@@ -177,8 +190,9 @@ def verispec_configs(text: str, k: int, draft: str | None,
         if proposer_spec(token, k, draft).proposer == "none":
             configs.append(BenchConfig(token, VERISPEC, token, 0, proposer_spec(token, 0, draft)))
             continue
-        for kk in (sweep or [k]):
-            label = f"{token} k={kk}" if sweep else token
+        adaptive = proposer_spec(token, k, draft).adaptive
+        for kk in ([max(sweep)] if sweep and adaptive else (sweep or [k])):
+            label = f"{token} k={kk}" if sweep and not adaptive else token
             configs.append(BenchConfig(label, VERISPEC, token, kk, proposer_spec(token, kk, draft)))
     return configs
 
@@ -234,7 +248,8 @@ class Runner:
                          len(prompt.ids), len(result.token_ids), seconds, result.finish_reason,
                          s.drafted, s.accepted, s.target_forwards, split, list(result.token_ids),
                          step_k=[step.k for step in s.steps],
-                         step_proposer=[step.proposer for step in s.steps])
+                         step_proposer=[step.proposer for step in s.steps],
+                         adaptive=config.spec.adaptive or config.spec.proposer == "auto")
 
 
 def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig]) -> None:
@@ -246,23 +261,35 @@ def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig])
 
 
 def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[BenchConfig],
-              progress: bool = True, warmup: bool = True) -> list[RunRecord]:
+              progress: bool = True, warmup: bool = True, repeats: int = 1) -> list[RunRecord]:
+    """Every config on every prompt, `repeats` times each; a record's time is
+    the median of its repeats, which are interleaved with the other configs'
+    so that a burst of machine noise costs one repeat, not one config."""
     if not prompts or not configs:
         raise ValueError("nothing to run: no prompts or no configurations")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     if warmup:
         warm_up(runner, prompts[0], configs)
     records: list[RunRecord] = []
-    bar = tqdm(total=len(prompts) * len(configs), file=sys.stderr, unit="run",
+    bar = tqdm(total=len(prompts) * len(configs) * repeats, file=sys.stderr, unit="run",
                desc="bench", disable=not progress, dynamic_ncols=True)
     with bar:
         for i, prompt in enumerate(prompts):
-            # Rotate the order per prompt so no config always runs first after a
-            # prompt change (cold caches) or right after the most expensive one.
-            shift = i % len(configs)
-            for config in list(configs[shift:]) + list(configs[:shift]):
-                bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {config.label}", refresh=False)
-                records.append(runner.run(prompt, config))
-                bar.update()
+            mine: dict[str, RunRecord] = {}
+            for rep in range(repeats):
+                # Rotate the order per prompt and repeat so no config always runs first
+                # after a prompt change (cold caches) or right after the most expensive one.
+                shift = (i + rep) % len(configs)
+                for config in list(configs[shift:]) + list(configs[:shift]):
+                    bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {config.label}",
+                                        refresh=False)
+                    record = runner.run(prompt, config)
+                    mine.setdefault(config.label, record).seconds_all.append(record.seconds)
+                    bar.update()
+            for record in mine.values():
+                record.seconds = statistics.median(record.seconds_all)
+                records.append(record)
     order = {c.label: n for n, c in enumerate(configs)}
     position = {p.id: n for n, p in enumerate(prompts)}
     records.sort(key=lambda r: (position[r.prompt_id], order[r.config]))

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 
-WORKLOADS: tuple[str, ...] = ("summarize", "code-edit", "humaneval", "creative", "chat")
+WORKLOADS: tuple[str, ...] = ("summarize", "code-edit", "humaneval", "creative", "chat", "mixed")
 _ROLES = frozenset({"system", "user", "assistant"})
 
 

@@ -135,14 +135,23 @@ class EagleHead(nn.Module, PackedLinears):
         return x + self.linear("down", F.silu(gate) * up)
 
     def step(self, feature: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
-             cache: HeadCache) -> torch.Tensor:
-        """Feed n rows ([n, hidden] each) after the cached ones; returns the
-        decoder outputs [n, hidden], before the target's final norm."""
+             cache: HeadCache, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed n rows ([n, hidden] each) after the L cached ones; returns the
+        decoder outputs [n, hidden], before the target's final norm.
+
+        mask: [n, L + n] bool, True = may attend. None is causal in feed order;
+        drafted tree rows pass one that shows each row only the real rows, its
+        ancestors and itself (verispec.proposers.tree_drafting.FedRows).
+        """
+        n = feature.shape[0]
+        total = cache.length + n
+        if mask is not None and tuple(mask.shape) != (n, total):
+            raise ValueError(f"mask must be [{n}, {total}], got {tuple(mask.shape)}")
         x, q, k, v = self._attention_inputs(feature, embeds, positions)
         keys, values = cache.append(k, v)  # [L + n, KV, d]
-        n, total = x.shape[0], keys.shape[0]
-        mask = None
-        if n > 1:
+        if mask is not None:
+            mask = mask.to(x.device)
+        elif n > 1:
             # Rows arrive in position order, so causality is a triangle over the new rows.
             mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
         attended = F.scaled_dot_product_attention(

@@ -38,6 +38,11 @@ class DraftContext:
     num_prompt: int  # how many of `tokens` are the prompt
     target_hidden: tuple[torch.Tensor, ...] = ()  # hidden states of the last committed
     # positions, for proposers that read the target's features (EAGLE, Medusa)
+    tree_nodes: int | None = None  # this step's tree budget (`--tree auto`); 0 = a chain;
+    # None = the proposer's configured one (SpecConfig.tree)
+
+    def tree_budget(self, configured: int) -> int:
+        return configured if self.tree_nodes is None else min(self.tree_nodes, configured)
 
 
 @dataclass
@@ -54,6 +59,7 @@ class Proposer(ABC):
     name: str = "?"
     hidden_layers: tuple[int, ...] = ()  # target hidden states this proposer wants per step
     free: bool = False  # costs ~nothing and keeps no state, so it may be asked for shadow guesses
+    drafts: bool = True  # False: never proposes, so a scheduler must not reserve draft positions
 
     @property
     def active(self) -> str:

@@ -7,6 +7,11 @@ bookkeeping it keeps the list of tokens its cache has seen and, each step,
 rolls back to the longest common prefix with the committed context. That one
 rule covers partial acceptance, full acceptance (the last draft token and the
 bonus token were never fed) and anything else that rewrites the tail.
+
+Trees (SpecConfig.tree): after the committed tokens, the draft feeds each
+expanded node as one row at position (last committed position) + depth that
+attends to the context, its ancestors and itself, a whole depth per forward.
+Those rows never enter `seen`, so the next proposal's rollback drops them.
 """
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ import numpy as np
 import torch
 
 from ..sampling import logits_to_probs, sample
+from ..tree import ROOT, TokenTree
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -28,8 +35,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class DraftModelProposer(Proposer):
     name = "draft"
 
-    def __init__(self, model, sampling, generator: torch.Generator) -> None:
+    def __init__(self, model, sampling, generator: torch.Generator,
+                 tree: TreeShape | None = None) -> None:
         self.model = model
+        self.tree = tree  # None drafts chains
         self.sampling = sampling
         self.generator = generator
         self.cache = model.new_cache()
@@ -49,6 +58,9 @@ class DraftModelProposer(Proposer):
         self.seen = tokens[:]
         logits = self.model.forward(
             torch.tensor(tokens[keep:]), self.cache, num_logits=1).logits[-1]
+        shape = TreeShape.for_step(self.tree, ctx)
+        if shape is not None:
+            return as_proposal(self._draft_tree(len(tokens), logits, k, limit - len(tokens), shape))
         drafts: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
@@ -65,8 +77,26 @@ class DraftModelProposer(Proposer):
                 self.seen.append(token)
         return Proposal(torch.tensor(drafts), torch.stack(probs) if probs else None)
 
+    def _draft_tree(self, num_tokens: int, logits: torch.Tensor, k: int, room: int,
+                    shape: TreeShape) -> TokenTree:
+        """logits [vocab]: the draft's prediction after the last committed token,
+        whose row is the root; room: cache rows left for drafted nodes."""
+        rows = FedRows(prefix=self.cache.length, root_position=num_tokens - 1)
+
+        def expand(draft: DraftTree, frontier: list[int]) -> torch.Tensor:
+            if frontier == [ROOT]:
+                return draft_log_probs(logits[None], self.sampling)  # [1, vocab]
+            layout = rows.layout(draft, frontier)
+            tokens = torch.tensor([draft.tokens[i] for i in frontier], dtype=torch.long)
+            out = self.model.forward(tokens, self.cache, positions=layout.positions,
+                                     mask=layout.mask)  # [n, vocab]
+            return draft_log_probs(out.logits, self.sampling)
+
+        return grow(expand, shape, k, max_rows=room)
+
 
 @register("draft")
 def _build(setup: ProposerSetup) -> Proposer:
     model = setup.resources["load_draft"](setup.spec.draft)
-    return DraftModelProposer(model, setup.sampling, setup.generator)
+    return DraftModelProposer(model, setup.sampling, setup.generator, TreeShape.from_spec(
+        setup.spec, setup.sampling, setup.target.eos_token_ids))

@@ -9,6 +9,11 @@ states of that verification (DraftContext.target_hidden: one row per
 committed position, ending at the row that predicted the last committed
 token). A rejected draft therefore never leaves a trace in the cache.
 
+Trees (SpecConfig.tree): a node's row reads its parent's predicted feature
+and its own token, like a chain row, at RoPE position (the newest real row's
+position) + depth, and attends to every real row, its ancestors and itself.
+Drafted tree rows are dropped at the next proposal like chain rows.
+
 A step the engine ran without asking for a proposal (adaptive k chose 0)
 leaves positions the head never sees; rows carry their own positions, so the
 head just attends over fewer rows there. That can cost acceptance, never
@@ -21,15 +26,18 @@ import torch
 from ..heads.eagle import HeadCache
 from ..heads.runtime import LoadedHead, load_head
 from ..sampling import logits_to_probs, sample
+from ..tree import ROOT, TokenTree
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
 
 
 class EagleProposer(Proposer):
     name = "eagle"
 
     def __init__(self, head: LoadedHead, sampling, generator: torch.Generator,
-                 eos_token_ids: frozenset[int]) -> None:
+                 eos_token_ids: frozenset[int], tree: TreeShape | None = None) -> None:
         self.head = head
+        self.tree = tree  # None drafts chains
         self.hidden_layers = head.hidden_layers
         self.sampling = sampling
         self.generator = generator
@@ -68,6 +76,9 @@ class EagleProposer(Proposer):
         # is nothing to draft from (a one-token prompt before its first step).
         if k <= 0 or self.last_out is None or self.fed_until != len(ctx.tokens) - 1:
             return Proposal.empty()
+        shape = TreeShape.for_step(self.tree, ctx)
+        if shape is not None:
+            return as_proposal(self._draft_tree(len(ctx.tokens), k, shape))
         head, output = self.head, self.head.output
         first_position = len(ctx.tokens) - 1
         out = self.last_out
@@ -92,8 +103,29 @@ class EagleProposer(Proposer):
         return Proposal(torch.tensor(drafts, dtype=torch.long),
                         torch.stack(probs) if probs else None)
 
+    def _draft_tree(self, num_tokens: int, k: int, shape: TreeShape) -> TokenTree:
+        head = self.head
+        rows = FedRows(prefix=self.cache.length, root_position=num_tokens - 2)
+        # Post-norm predicted feature of each node's row, read by its children's rows.
+        features = {ROOT: head.parts.final_norm(self.last_out)}  # node -> [1, hidden]
+
+        def expand(draft: DraftTree, frontier: list[int]) -> torch.Tensor:
+            if frontier != [ROOT]:
+                layout = rows.layout(draft, frontier)
+                parent_features = torch.cat([features[draft.parents[i]] for i in frontier])
+                tokens = torch.tensor([draft.tokens[i] for i in frontier], dtype=torch.long)
+                out = head.module.step(parent_features, head.embed(tokens), layout.positions,
+                                       self.cache, mask=layout.mask)  # [n, hidden]
+                features.update(zip(frontier, head.parts.final_norm(out).split(1)))
+            predicted = torch.cat([features[i] for i in frontier])  # [n, hidden]
+            return draft_log_probs(head.output.logits(predicted), self.sampling)
+
+        return grow(expand, shape, k, token_ids=head.output.token_ids)
+
 
 @register("eagle")
 def _build(setup: ProposerSetup) -> Proposer:
     head = load_head(setup.spec.head, "eagle", setup.target)
-    return EagleProposer(head, setup.sampling, setup.generator, setup.target.eos_token_ids)
+    eos = setup.target.eos_token_ids
+    return EagleProposer(head, setup.sampling, setup.generator, eos,
+                         TreeShape.from_spec(setup.spec, setup.sampling, eos))

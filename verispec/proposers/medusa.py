@@ -10,6 +10,13 @@ sampling parameters and returned as draft_probs: the drafts are independent
 given the hidden state, which rejection sampling allows, so the output stays
 exactly the target's. Typical acceptance, Medusa's lossy verifier, is a
 separate opt-in (SpecConfig.lossy_typical).
+
+Trees (SpecConfig.tree) come from the heads' top-b lists, head j giving the
+candidates of depth j whatever their parent: "topb" is the Cartesian product
+trimmed breadth-first (Medusa's static trees), "dynamic" the budget index
+tuples with the highest product of the heads' probabilities. Expanding costs
+nothing here, so the dynamic shape expands every candidate that can still make
+the budget, not just the branch best.
 """
 from __future__ import annotations
 
@@ -18,14 +25,16 @@ import torch
 from ..heads.runtime import LoadedHead, load_head
 from ..sampling import logits_to_probs, sample
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from .tree_drafting import DraftTree, TreeShape, as_proposal, draft_log_probs, grow
 
 
 class MedusaProposer(Proposer):
     name = "medusa"
 
     def __init__(self, head: LoadedHead, sampling, generator: torch.Generator,
-                 eos_token_ids: frozenset[int]) -> None:
+                 eos_token_ids: frozenset[int], tree: TreeShape | None = None) -> None:
         self.head = head
+        self.tree = tree  # None drafts chains
         self.hidden_layers = head.hidden_layers
         self.sampling = sampling
         self.generator = generator
@@ -44,6 +53,16 @@ class MedusaProposer(Proposer):
             return Proposal.empty()
         output = self.head.output
         logits = output.logits(self.head.module(self.last_hidden)[:k, 0])  # [k, draft vocab]
+        shape = TreeShape.for_step(self.tree, ctx)
+        if shape is not None:
+            head_log_probs = draft_log_probs(logits, self.sampling)  # [k, draft vocab]
+
+            def expand(draft: DraftTree, frontier: list[int]) -> torch.Tensor:
+                depth = draft.depth(frontier[0])  # the frontier's children come from head depth + 1
+                return head_log_probs[depth].expand(len(frontier), -1)
+
+            return as_proposal(grow(expand, shape, k, token_ids=output.token_ids,
+                                    width=shape.budget))
         probs = None
         if self.sampling.greedy:
             index = logits.argmax(-1)
@@ -63,4 +82,6 @@ class MedusaProposer(Proposer):
 @register("medusa")
 def _build(setup: ProposerSetup) -> Proposer:
     head = load_head(setup.spec.head, "medusa", setup.target)
-    return MedusaProposer(head, setup.sampling, setup.generator, setup.target.eos_token_ids)
+    eos = setup.target.eos_token_ids
+    return MedusaProposer(head, setup.sampling, setup.generator, eos,
+                          TreeShape.from_spec(setup.spec, setup.sampling, eos))

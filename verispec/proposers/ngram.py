@@ -1,7 +1,9 @@
 """Prompt lookup decoding (Saxena 2023): find the latest earlier occurrence of
-the context's suffix and propose what followed it. No model, no state: the
-proposer re-reads the committed context each step, so nothing can go stale
-after a rollback or a context shift (llama.cpp #21815)."""
+the context's suffix and propose what followed it. No model; the only state is
+an index of the committed context (`NgramIndex`), which drafts never enter and
+which re-indexes whenever the context is not an extension of what it saw, so
+nothing can go stale after a rollback or a context shift (llama.cpp #21815).
+`lookup` and `lookup_many` are the scanning reference it is tested against."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,6 +51,50 @@ def lookup_many(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int,
     return found
 
 
+class NgramIndex:
+    """Every n-gram of the committed context (ngram_min <= n <= ngram_max) that
+    has a continuation, with its start positions, extended as the context grows.
+
+    Answers what `lookup` and `lookup_many` compute by scanning, in O(ngram_max)
+    per step instead of O(context): that scan, run for every request at every
+    step (shadow guesses included), was a measurable share of a batched
+    serving step. Committed tokens never change, so entries never go stale; a
+    context that is not an extension of the indexed one is re-indexed.
+    """
+
+    def __init__(self, ngram_min: int, ngram_max: int) -> None:
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+        self.tokens: list[int] = []
+        self.starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> starts, oldest first
+
+    def update(self, tokens: list[int]) -> None:
+        old = len(self.tokens)
+        if tokens[:old] != self.tokens:
+            self.tokens, self.starts, old = [], {}, 0
+        self.tokens.extend(tokens[old:])
+        # An n-gram starting at i is usable once token i + n (its continuation) exists.
+        for n in range(self.ngram_min, self.ngram_max + 1):
+            for i in range(max(0, old - n), len(self.tokens) - n):
+                self.starts.setdefault(tuple(self.tokens[i:i + n]), []).append(i)
+
+    def continuations(self, k: int, limit: int) -> list[list[int]]:
+        """Like `lookup_many` (one continuation per distinct match, longer n-grams
+        first, most recent first); limit 1 is `lookup`."""
+        tokens, length = self.tokens, len(self.tokens)
+        found: list[list[int]] = []
+        seen: set[tuple[int, ...]] = set()
+        for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
+            for start in reversed(self.starts.get(tuple(tokens[length - n:]), ())):
+                candidate = tokens[start + n: start + n + k]
+                key = tuple(candidate)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(candidate)
+                    if len(found) == limit:
+                        return found
+        return found
+
+
 class NgramProposer(Proposer):
     name = "ngram"
     free = True
@@ -57,29 +103,26 @@ class NgramProposer(Proposer):
                  tree_nodes: int = 0) -> None:
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
-        self.eos = np.array(sorted(eos_token_ids), dtype=np.int64)
+        self.eos = frozenset(eos_token_ids)
         self.tree_nodes = tree_nodes  # 0 proposes a chain; else a tree of at most this many nodes
+        self.index = NgramIndex(ngram_min, ngram_max)
 
-    def _cut_at_eos(self, found: np.ndarray) -> np.ndarray:
-        eos_at = np.flatnonzero(np.isin(found, self.eos))
+    def _cut_at_eos(self, found: list[int]) -> list[int]:
         # Propose up to and including EOS, never past it (transformers #31301).
-        return found[: eos_at[0] + 1] if eos_at.size else found
+        cut = next((i for i, t in enumerate(found) if t in self.eos), None)
+        return found if cut is None else found[: cut + 1]
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         if k <= 0:
             return Proposal.empty()
-        tokens = np.asarray(ctx.tokens, dtype=np.int64)
-        if self.tree_nodes:
-            paths = [self._cut_at_eos(c).tolist()
-                     for c in lookup_many(tokens, k, self.ngram_min, self.ngram_max, limit=8)]
-            paths = [p for p in paths if p]
-            if len(paths) > 1:
-                tree = TokenTree.from_paths(paths).trimmed(max_depth=k, max_nodes=self.tree_nodes)
-                return Proposal(tree.tokens, tree=tree)
-            found = np.asarray(paths[0] if paths else [], dtype=np.int64)
-        else:
-            found = self._cut_at_eos(lookup(tokens, k, self.ngram_min, self.ngram_max))
-        return Proposal(torch.from_numpy(found.copy()))
+        self.index.update(ctx.tokens)
+        nodes = ctx.tree_budget(self.tree_nodes)
+        paths = [p for p in (self._cut_at_eos(c) for c in
+                             self.index.continuations(k, limit=8 if nodes else 1)) if p]
+        if nodes and len(paths) > 1:
+            tree = TokenTree.from_paths(paths).trimmed(max_depth=k, max_nodes=nodes)
+            return Proposal(tree.tokens, tree=tree)
+        return Proposal(torch.tensor(paths[0] if paths else [], dtype=torch.long))
 
 
 @register("ngram")

@@ -6,6 +6,7 @@ from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 
 class NoProposer(Proposer):
     name = "none"
+    drafts = False
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         return Proposal.empty()

@@ -6,7 +6,9 @@ Without --server, the model is loaded here and served in-process on a free
 loopback port, so the numbers include HTTP and streaming like a real client's.
 All three modes are sent to the same server as per-request `speculation`
 settings, interleaved per concurrency level, so they share its warm state and
-the machine's conditions.
+the machine's conditions. With `--rounds R` each level runs the rotation R
+times; a cell is the median over rounds, and the ratio column is the median of
+the per-round ratios to `none` (paired, so drift between rounds cancels).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from .load import LoadConfig, format_row, run_load
 
@@ -42,18 +46,35 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
+def combine(rounds: list[dict]) -> dict:
+    """One cell from its rounds' summaries: medians of the numbers, errors summed."""
+    cell = {key: float(np.median([r[key] for r in rounds])) for key, value in rounds[0].items()
+            if isinstance(value, (int, float)) and key not in ("errors", "requests")}
+    cell["errors"] = sum(r["errors"] for r in rounds)
+    cell["requests"] = sum(r["requests"] for r in rounds)
+    cell["rounds"] = rounds
+    return cell
+
+
+def ratio_to_none(results: dict[str, dict[int, dict]], label: str, level: int) -> float:
+    """Median over rounds of this mode's throughput over none's in the same round."""
+    pairs = zip(results[label][level]["rounds"], next(iter(results.values()))[level]["rounds"])
+    return float(np.median([m["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else np.nan
+                            for m, b in pairs]))
+
+
 def markdown(results: dict[str, dict[int, dict]], levels: list[int]) -> str:
     labels = list(results)
     head = ["concurrency"] + [f"{m} tok/s" for m in labels] + [f"{m} p50/p99 s" for m in labels] \
-        + [f"{labels[-1]} tau", f"{labels[-1]} / none"]
+        + [f"{labels[-1]} tau"] + [f"{m} / none" for m in labels[1:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in levels:
         rows = [results[m][c] for m in labels]
-        base = rows[0]["tokens_per_s"] or float("nan")
         lines.append("| " + " | ".join(
             [str(c)] + [f"{r['tokens_per_s']:.1f}" for r in rows]
             + [f"{r['latency_p50_s']:.2f}/{r['latency_p99_s']:.2f}" for r in rows]
-            + [f"{rows[-1]['tau']:.2f}", f"{rows[-1]['tokens_per_s'] / base:.2f}x"]) + " |")
+            + [f"{rows[-1]['tau']:.2f}"]
+            + [f"{ratio_to_none(results, m, c):.2f}x" for m in labels[1:]]) + " |")
     errors = sum(r["errors"] for m in labels for r in results[m].values())
     if errors:
         lines.append(f"\n{errors} request(s) failed; see results.json")
@@ -77,22 +98,31 @@ def plot(path: Path, results: dict[str, dict[int, dict]], levels: list[int]) -> 
 
 
 def run(url: str, levels: list[int], mode_list: list[Mode], args) -> dict[str, dict[int, dict]]:
+    rounds = getattr(args, "rounds", 1)
     results: dict[str, dict[int, dict]] = {m.label: {} for m in mode_list}
     # A short warm-up: first kernel shapes and the server's cost curve at small widths.
     run_load(LoadConfig(url, 1, min(3.0, args.duration), 8, workload=args.workload))
     for level in levels:
-        for mode in mode_list:
-            report = run_load(LoadConfig(url, level, args.duration, args.max_new_tokens,
-                                         args.temperature, speculation=mode.speculation,
-                                         workload=args.workload))
-            summary = report.summary()
-            results[mode.label][level] = summary
-            print(format_row(summary, f"[{mode.label}] "), file=sys.stderr, flush=True)
+        seen: dict[str, list[dict]] = {m.label: [] for m in mode_list}
+        for r in range(rounds):
+            # Rotate the order each round, so no mode always follows the same one.
+            for mode in mode_list[r % len(mode_list):] + mode_list[:r % len(mode_list)]:
+                report = run_load(LoadConfig(url, level, args.duration, args.max_new_tokens,
+                                             args.temperature, speculation=mode.speculation,
+                                             workload=args.workload))
+                summary = report.summary()
+                seen[mode.label].append(summary)
+                print(format_row(summary, f"[{mode.label} round {r + 1}/{rounds}] "),
+                      file=sys.stderr, flush=True)
+        for label, summaries in seen.items():
+            results[label][level] = combine(summaries)
     return results
 
 
 def cmd_bench_serving(args: argparse.Namespace) -> int:
     levels = parse_levels(args.concurrency or "1")
+    if getattr(args, "rounds", 1) < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     speculative = [p for p in args.proposer.split(",") if p not in ("none", "")]
     proposer = speculative[0] if speculative else "ngram"
     if proposer.startswith("self:"):
@@ -122,6 +152,7 @@ def cmd_bench_serving(args: argparse.Namespace) -> int:
     figure = plot(out / "serving.png", results, levels)
     (out / "results.json").write_text(json.dumps(
         {"environment": env, "levels": levels, "duration_s": args.duration,
+         "rounds": getattr(args, "rounds", 1),
          "max_new_tokens": args.max_new_tokens, "workload": args.workload,
          "modes": {m.label: m.speculation for m in mode_list}, "results": results},
         indent=1, default=str) + "\n", encoding="utf-8")

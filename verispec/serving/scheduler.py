@@ -32,7 +32,7 @@ from ..config import SamplingParams, SpecConfig
 from ..engine import SpecRequest
 from ..metrics import Stats
 from ..models.base import TargetModel
-from .cost import Candidate, StepCost, allocate
+from .cost import Candidate, StepCost, allocate, calibrate
 from .metrics import Gauges, ServingMetrics
 
 
@@ -49,6 +49,8 @@ class SchedulerConfig:
     max_num_seqs: int = 8  # requests in the running batch
     max_queue: int = 64  # requests waiting for a slot; more are refused
     profile: CostModel | None = None  # prior shape of T(n), from `verispec profile`
+    calibrate: bool = True  # without a profile, time a few forwards at start for the prior
+    margin: float = 0.02  # drafting must lift the predicted step rate by this fraction
     cost_half_life: float = 64.0  # steps over which old step timings lose half their weight
     explore_every: int = 16  # every n-th step one adaptive request drafts one more or less; 0: never
 
@@ -57,6 +59,8 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
 
 @dataclass
@@ -115,7 +119,10 @@ class Scheduler:
         self.build = build
         self.config = config or SchedulerConfig()
         self.metrics = metrics or ServingMetrics()
-        self.cost = StepCost(self.config.profile, fused=target.fuses_batches,
+        prior = self.config.profile
+        if prior is None and self.config.calibrate:
+            prior = calibrate(target)
+        self.cost = StepCost(prior, fused=target.fuses_batches,
                              half_life=self.config.cost_half_life)
         self._cond = threading.Condition()
         self._queue: deque[Ticket] = deque()
@@ -123,6 +130,7 @@ class Scheduler:
         self._closing = False
         self._stop = False
         self._admitting = 0  # popped from the queue, not yet running: counted as busy
+        self._stepping = False  # a step is in flight (its end may already have emptied the batch)
         self._steps = 0
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         self._thread = threading.Thread(target=self._loop, name="verispec-scheduler", daemon=True)
@@ -158,7 +166,7 @@ class Scheduler:
             return self._idle()
 
     def _idle(self) -> bool:
-        return not self._queue and not self._running and not self._admitting
+        return not self._queue and not self._running and not self._admitting and not self._stepping
 
     def close(self, timeout: float = 30.0) -> None:
         """Graceful shutdown: refuse new requests, let running and queued ones
@@ -198,7 +206,14 @@ class Scheduler:
             for ticket in admit:
                 self._admit(ticket)
             if self._running:
-                self._step()
+                self._stepping = True
+                try:
+                    self._step()
+                finally:
+                    # The step's locals (batch items) held caches until it returned.
+                    with self._cond:
+                        self._stepping = False
+                        self._cond.notify_all()
 
     def _admit(self, ticket: Ticket) -> None:
         request = None
@@ -239,7 +254,7 @@ class Scheduler:
             else:
                 alphas = tuple(r.controller.alphas)
             candidates.append(Candidate(1, r.room(), alphas, fixed, slot.seconds_per_draft))
-        ks = list(allocate(candidates, self.cost))
+        ks = list(allocate(candidates, self.cost, self.config.margin))
         self._steps += 1
         every = self.config.explore_every
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
@@ -275,7 +290,6 @@ class Scheduler:
                 self._end_locked(slot, Failure("error", f"{type(exc).__name__}: {exc}"))
             return
         seconds = time.perf_counter() - t0
-        self.cost.observe([int(item.tokens.shape[0]) for item in items], seconds)
         emitted = drafted = accepted = 0
         decode_ks = []
         for slot, out in zip(live, outputs):
@@ -298,6 +312,9 @@ class Scheduler:
             self._deliver(slot.ticket, Progress(step.tokens, step.finish_reason, request.stats))
             if request.finished:
                 self._end_locked(slot, None)
+        # The cost of a width is the forward plus verifying its rows on the host: per
+        # request and per row, the latter is what a draft costs beyond the matmuls.
+        self.cost.observe([int(item.tokens.shape[0]) for item in items], time.perf_counter() - t0)
         self.metrics.step(len(items), seconds, decode_ks, emitted, drafted, accepted)
 
     def _end_locked(self, slot: _Slot, failure: Failure | None) -> None:
