@@ -304,3 +304,14 @@ def test_shadow_validation():
         AdaptiveK().observe_shadow(1, 2)
     with pytest.raises(ValueError):
         AdaptiveK(probe_interval=128)
+
+
+def test_seeded_prior_starts_at_the_given_alpha_and_yields_to_evidence():
+    controller = AdaptiveK(NGRAM)
+    controller.seed(0.1, 4.0)
+    assert controller.alphas[0] == pytest.approx(0.1) and controller.alphas[5] == pytest.approx(0.1)
+    for _ in range(40):
+        controller.observe(StepObservation(4, 4, 4))
+    assert controller.alphas[0] > 0.9
+    with pytest.raises(ValueError):
+        controller.seed(1.5, 4.0)

@@ -253,3 +253,27 @@ def test_fused_backends_are_detected(engine, tiny_native):
     scheduler = Scheduler(tiny_native, lambda *a: engine.new_request(*a, own_timing=False))
     assert scheduler.cost.fused is tiny_native.fuses_batches is tiny_native.row_kernels
     scheduler.close()
+
+
+def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypatch):
+    from verispec.metrics import Stats, StepRecord
+    from verispec.policy import AdaptiveK
+
+    seeds = []
+    original = AdaptiveK.seed
+    monkeypatch.setattr(AdaptiveK, "seed", lambda self, a, n: (seeds.append((a, n)),
+                                                                original(self, a, n)))
+    scheduler = make_scheduler(engine)
+    stats = Stats(proposer="ngram", k=4)
+    stats.steps = [StepRecord("ngram", 4, 4, 1, 2), StepRecord("ngram", 4, 4, 4, 5),
+                   StepRecord("ngram", 4, 0, 0, 1)]
+    scheduler._pool("ngram", stats)  # 5 accepted drafts, 1 first rejection
+    assert scheduler._pooled["ngram"] == (5.0, 1.0)
+    sinks = [Collector(), Collector()]
+    scheduler.submit([Ticket(PROMPTS[0], SamplingParams(max_new_tokens=6),
+                             SpecConfig("ngram", k=4, adaptive=True), sinks[0]),
+                      Ticket(PROMPTS[1], SamplingParams(max_new_tokens=6),
+                             SpecConfig("ngram", k=4), sinks[1])])
+    assert all(sink.done.wait(30) and sink.failure is None for sink in sinks)
+    assert seeds == [(5.0 / 6.0, 4.0)]  # the adaptive request only
+    scheduler.close()

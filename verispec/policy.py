@@ -274,6 +274,16 @@ class AdaptiveK:
         self._accept(obs.drafted, obs.accepted)
         self._time(obs)
 
+    def seed(self, alpha: float, strength: float) -> None:
+        """Start from a depth-1 prior of `alpha` worth `strength` observations (what
+        earlier requests of the same kind accepted) instead of the default; before any
+        observation, so a short request does not spend its first steps learning what
+        the server already knows."""
+        if not (0.0 <= alpha <= 1.0 and strength > 0):
+            raise ValueError(f"need 0 <= alpha <= 1 and strength > 0, got {alpha}, {strength}")
+        self._prior_alpha, self._prior_strength = alpha, strength
+        self._restart()
+
     def observe_acceptance(self, drafted: int, accepted: int) -> None:
         """Acceptance evidence alone (a tree budget's own estimate, tree_policy)."""
         self._accept(drafted, accepted)

@@ -120,3 +120,6 @@ class AdaptiveTree:
 
     def observe_shadow(self, drafted: int, matched: int) -> None:
         self.chain.observe_shadow(drafted, matched)
+
+    def seed(self, alpha: float, strength: float) -> None:
+        self.chain.seed(alpha, strength)

@@ -3,60 +3,21 @@ the context's suffix and propose what followed it. No model; the only state is
 an index of the committed context (`NgramIndex`), which drafts never enter and
 which re-indexes whenever the context is not an extension of what it saw, so
 nothing can go stale after a rollback or a context shift (llama.cpp #21815).
-`lookup` and `lookup_many` are the scanning reference it is tested against."""
+tests/test_tree_policy.py checks it against a full scan of the context."""
 from __future__ import annotations
 
-import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ..tree import TokenTree
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
-
-
-def lookup(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int) -> np.ndarray:
-    """Continuation of the longest suffix n-gram (ngram_max down to ngram_min)
-    at its most recent earlier occurrence; at most k tokens, maybe none."""
-    length = tokens.shape[0]
-    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        pattern = tokens[length - n:]
-        # Windows start at i <= length - 1 - n, so a continuation token exists
-        # and the suffix itself is never its own match.
-        windows = sliding_window_view(tokens[: length - 1], n)  # [length - n, n]
-        hits = np.flatnonzero((windows == pattern).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tokens[start: start + k]
-    return tokens[:0]
-
-
-def lookup_many(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int,
-                limit: int) -> list[np.ndarray]:
-    """Up to `limit` distinct continuations: longer n-grams first, and within
-    one n the most recent occurrence first (one tree branch per match)."""
-    length = tokens.shape[0]
-    found: list[np.ndarray] = []
-    seen: set[tuple[int, ...]] = set()
-    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        windows = sliding_window_view(tokens[: length - 1], n)  # [length - n, n]
-        for hit in np.flatnonzero((windows == tokens[length - n:]).all(axis=1))[::-1]:
-            start = int(hit) + n
-            candidate = tokens[start: start + k]
-            key = tuple(candidate.tolist())
-            if key not in seen:
-                seen.add(key)
-                found.append(candidate)
-                if len(found) == limit:
-                    return found
-    return found
 
 
 class NgramIndex:
     """Every n-gram of the committed context (ngram_min <= n <= ngram_max) that
     has a continuation, with its start positions, extended as the context grows.
 
-    Answers what `lookup` and `lookup_many` compute by scanning, in O(ngram_max)
-    per step instead of O(context): that scan, run for every request at every
+    Finds what a scan of the whole context for the suffix n-gram finds, in
+    O(ngram_max) per step instead of O(context): that scan, run for every request at every
     step (shadow guesses included), was a measurable share of a batched
     serving step. Committed tokens never change, so entries never go stale; a
     context that is not an extension of the indexed one is re-indexed.
@@ -78,8 +39,9 @@ class NgramIndex:
                 self.starts.setdefault(tuple(self.tokens[i:i + n]), []).append(i)
 
     def continuations(self, k: int, limit: int) -> list[list[int]]:
-        """Like `lookup_many` (one continuation per distinct match, longer n-grams
-        first, most recent first); limit 1 is `lookup`."""
+        """Up to `limit` distinct continuations of at most k tokens of the context's
+        suffix: longer n-grams first, and within one n the most recent occurrence
+        first (one tree branch per match); limit 1 is prompt lookup's single guess."""
         tokens, length = self.tokens, len(self.tokens)
         found: list[list[int]] = []
         seen: set[tuple[int, ...]] = set()
