@@ -60,7 +60,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="node budget of a token tree verified in one pass (ngram: one branch "
                         "per distinct match); 0 = a chain of k tokens; auto = choose the "
                         "budget (up to --tree-max) and the depth per step from measured "
-                        "acceptance and step times (implies --k auto)")
+                        "acceptance and step times (k becomes adaptive too, capped by a numeric "
+                        "--k, or by --k-max with --k auto)")
     p.add_argument("--tree-max", type=int, default=32,
                    help="with --tree auto: the largest node budget considered (default 32)")
     p.add_argument("--tree-shape", default="dynamic", choices=TREE_SHAPES,
