@@ -42,9 +42,9 @@ import torch
 
 from ..bench.economics import CostModel
 
-# Dense just past 16: AMX tiles hold 16 rows, and on the default model T(18) is 23% above
-# T(16) where a line from T(16) to T(32) says 7%, so the first drafts past a full tile of
-# decode rows must be priced from measurements, not interpolated.
+# Dense just past 16: AMX tiles hold 16 rows, and on the default model (bf16, one thread,
+# timed once this round) T(18) was 23% above T(16) where a line from T(16) to T(32) says 7%,
+# so the first drafts past a full tile of decode rows must be priced from measurements.
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 17, 18, 20, 24, 32, 40, 48, 64, 96, 128)
 
 
