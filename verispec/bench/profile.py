@@ -12,6 +12,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -152,9 +153,11 @@ def _timed(fn, device: torch.device) -> float:
 
 @torch.inference_mode()
 def measure(target, ids: list[int], context: int, max_n: int, repeats: int,
-            draft=None, draft_name: str | None = None, warmup: int = 2) -> Profile:
-    """T(n) for n = 1..max_n after `context` tokens of `ids`; the cache is cut
-    back to the context after every forward, so each n sees the same state."""
+            draft=None, draft_name: str | None = None, warmup: int = 2,
+            widths: Sequence[int] | None = None) -> Profile:
+    """T(n) for n = 1..max_n (or for the given `widths`, each <= max_n) after
+    `context` tokens of `ids`; the cache is cut back to the context after every
+    forward, so each n sees the same state."""
     if context < 1 or max_n < 2 or repeats < 1:
         raise ValueError("need context >= 1, max-n >= 2 and repeats >= 1")
     if context + max_n > target.max_context:
@@ -186,11 +189,12 @@ def measure(target, ids: list[int], context: int, max_n: int, repeats: int,
             target_step(n)
         if draft is not None:
             draft_step()
-    samples: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
+    ns = sorted(widths) if widths else list(range(1, max_n + 1))
+    samples: dict[int, list[float]] = {n: [] for n in ns}
     draft_samples: list[float] = []
     for rep in range(repeats):
         # Alternate the sweep direction so slow drift does not tilt the curve.
-        order = range(1, max_n + 1) if rep % 2 == 0 else range(max_n, 0, -1)
+        order = ns if rep % 2 == 0 else ns[::-1]
         for n in order:
             samples[n].append(target_step(n))
             if draft is not None:

@@ -93,7 +93,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", default=None, help="draft model for --proposer draft: PATH or self:L")
     p.add_argument("--profile", default=None,
                    help="cost profile from `verispec profile`: the prior shape of T(n) "
-                        "(default: a few forwards timed at start, about 2 s)")
+                        "(default: a few forwards timed at start, about 2.5 s for the default model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-num-seqs", type=int, default=8,

@@ -33,18 +33,16 @@ which makes each request's choice independent of the others.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from ..bench.economics import CostModel
 
 # Dense just past 16: AMX tiles hold 16 rows, and on the default model (bf16, one thread,
-# timed once this round) T(18) was 23% above T(16) where a line from T(16) to T(32) says 7%,
-# so the first drafts past a full tile of decode rows must be priced from measurements.
+# two timings this round) T(18) was 15-23% above T(16) where a line from T(16) to T(32)
+# says 7%, so the first drafts past a full tile of decode rows must be priced from measurements.
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 17, 18, 20, 24, 32, 40, 48, 64, 96, 128)
 
 
@@ -122,30 +120,21 @@ class StepCost:
             self._weight[w - 1] += 1.0
 
 
-@torch.inference_mode()
 def calibrate(target, widths: Sequence[int] = CALIBRATION_WIDTHS, context: int = 64,
               repeats: int = 3) -> CostModel | None:
-    """The prior shape T(n)/T(1), timed on the target: one forward over n positions
-    after `context` tokens, the median of `repeats`, for each n in `widths`, linear
-    in between. About 3 s for the default model in bf16; None if the model is too
+    """The prior shape T(n)/T(1), timed on the target by `verispec profile`'s
+    measurement (`bench.profile.measure`) at these widths only, linear in
+    between. 2.5 s for the default model in bf16 on one thread; None if the model is too
     short for it."""
+    from ..bench.profile import measure
+
     widths = [w for w in widths if context + w <= target.max_context]
     if len(widths) < 2:
         return None
     vocab = int(getattr(target, "vocab_size", 2))
-    ids = torch.arange(context + widths[-1]) % max(2, vocab - 1) + 1
-    cache = target.new_cache(context + widths[-1])
-    target.forward(ids[:context], cache, num_logits=1)
-    seconds = {w: [] for w in widths}
-    for rep in range(repeats + 1):
-        for w in (widths if rep % 2 else widths[::-1]):
-            t0 = time.perf_counter()
-            target.forward(ids[context:context + w], cache)
-            if rep:  # the first sweep warms up kernels and allocator
-                seconds[w].append(time.perf_counter() - t0)
-            cache.truncate(context)
-    medians = [float(np.median(seconds[w])) for w in widths]
-    curve = np.maximum.accumulate(np.interp(np.arange(1, widths[-1] + 1), widths, medians))
+    ids = [i % max(2, vocab - 1) + 1 for i in range(context + widths[-1])]
+    timed = measure(target, ids, context, widths[-1], repeats, warmup=1, widths=widths)
+    curve = np.maximum.accumulate(np.interp(np.arange(1, widths[-1] + 1), timed.n, timed.seconds))
     return CostModel(profile=tuple(float(v) for v in curve))
 
 
