@@ -207,6 +207,23 @@ def test_eagle_cache_drops_rejected_drafts(root, tiny, fused):
     assert used.cache.length == fresh.cache.length
 
 
+def test_steps_that_draft_nothing_still_reach_the_eagle_head(root, tiny):
+    """When a step drafts nothing (adaptive or a scheduler chose k = 0), its hidden
+    rows are held and fed before the next draft: the head's cache then holds one
+    real row per committed position, as if it had been called every step."""
+    head = trained(root, tiny, "eagle").folder
+    request = Engine(tiny).new_request([3, 17, 4, 9, 3, 17], SamplingParams(max_new_tokens=20),
+                                       SpecConfig("eagle", k=4, head=str(head)), own_timing=False)
+    for k in (None, 0, 0, 0, 2, 0, 3):  # the prefill, then scheduler-chosen draft lengths
+        request.complete(tiny.forward_batch([request.prepare(k)])[0])
+        if k:
+            # The last step's rows are fed at the next proposal; every earlier position is in.
+            assert request.proposer.fed_until == request.proposer.real_rows
+            assert request.proposer.fed_until >= len(request.tokens) - 1 - (k + 1)
+    request.prepare(1)
+    assert request.proposer.real_rows == len(request.tokens) - 1
+
+
 def test_typical_acceptance_thresholds():
     vocab = 6
     flat = torch.full((vocab,), 1 / vocab)  # entropy log 6: threshold min(0.09, 0.3 / 6) = 0.05

@@ -28,7 +28,7 @@ from .bench.economics import load_profile
 from .metrics import Stats, StepRecord
 from .policy import AdaptiveK, StepObservation
 from .models.base import BatchItem, ForwardOutput, TargetModel
-from .proposers.base import DraftContext, Proposal, Proposer
+from .proposers.base import DraftContext, HeldRows, Proposal, Proposer
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
 from .stopping import Stopper
@@ -105,6 +105,7 @@ class SpecRequest:
         # A free, stateless proposer can be asked at k = 0 for a shadow guess that
         # measures acceptance without a verify cost (see verispec.policy).
         self.shadows = self.controller is not None and proposer.free
+        self._held = HeldRows()  # hidden rows of steps that drafted nothing, for the next that does
         self.finish_reason: str | None = None
         self._pending: _Pending | None = None
         self._prefilled = len(prompt) <= 1  # a one-token prompt has nothing to prefill
@@ -150,9 +151,12 @@ class SpecRequest:
         nodes = self.controller.nodes if self.controller is not None and k is None else None
         ctx = DraftContext(self.tokens, self.num_prompt, self.hidden, tree_nodes=nodes)
         if budget > 0:
+            ctx.target_hidden = self._held.release(self.hidden)
             proposal = self.proposer.propose(ctx, budget)
         elif self.shadows and room > 0:
             shadow = self.proposer.propose(ctx, 1)
+        else:
+            self._held.hold(self.hidden)
         draft_seconds = time.perf_counter() - t0
         if proposal.tree is not None:
             # Depth <= budget keeps max_new_tokens; node count keeps the context.

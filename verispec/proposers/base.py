@@ -45,6 +45,39 @@ class DraftContext:
         return configured if self.tree_nodes is None else min(self.tree_nodes, configured)
 
 
+class HeldRows:
+    """Target hidden rows a proposer was not called for, kept until it is.
+
+    A proposer that reads the target's features (EAGLE) learns the context from
+    every step's `target_hidden`. When a step skips it (adaptive k chose 0, or
+    `auto` drafted with another candidate), the rows wait here and reach it in
+    one call: one step's rows end where the next step's begin, so together they
+    cover every position since its last call. Past `max_rows` the oldest are
+    dropped, which leaves the proposer a gap (acceptance, never correctness).
+    """
+
+    def __init__(self, max_rows: int = 512) -> None:
+        self.max_rows = max_rows
+        self._parts: list[tuple[torch.Tensor, ...]] = []
+        self._rows = 0
+
+    def hold(self, hidden: tuple[torch.Tensor, ...]) -> None:
+        if not hidden or hidden[0].shape[0] == 0:
+            return
+        self._parts.append(hidden)
+        self._rows += hidden[0].shape[0]
+        while self._rows - self._parts[0][0].shape[0] >= self.max_rows:
+            self._rows -= self._parts.pop(0)[0].shape[0]
+
+    def release(self, hidden: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The held rows followed by this step's, and an empty hold."""
+        if not self._parts:
+            return hidden
+        parts = self._parts + ([hidden] if hidden else [])
+        self._parts, self._rows = [], 0
+        return tuple(torch.cat(layer) for layer in zip(*parts))
+
+
 @dataclass
 class ProposerSetup:
     """Everything a factory may need to build a proposer for one request."""
