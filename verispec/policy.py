@@ -176,6 +176,7 @@ class AdaptiveK:
         self._recent: deque[_Outcome] = deque(maxlen=change_window)
         self._succ = np.zeros(max_depth)
         self._fail = np.zeros(max_depth)
+        self._alphas: np.ndarray | None = None  # cached `alphas`, dropped when counts change
         self._restart()
         # Widths up to a 128-node tree plus its root, or a max_depth chain plus its root.
         widths = max(max_depth + 1, 129)
@@ -194,13 +195,23 @@ class AdaptiveK:
     def alphas(self) -> np.ndarray:
         """Estimated alpha_i for depths 1..max_depth. Each depth is shrunk
         toward the depth above it with `pool_strength` pseudo-observations, so
-        depths the chosen k never reaches inherit the deepest observed estimate."""
+        depths the chosen k never reaches inherit the deepest observed estimate.
+        Read-only and cached until the next observation: a serving step reads it
+        for every running request."""
+        if self._alphas is not None:
+            return self._alphas
         out = np.empty(self.max_depth)
         parent, pool = self._prior_alpha, 0.0
-        for i in range(self.max_depth):
-            n = self._succ[i] + self._fail[i]
-            out[i] = parent if n + pool == 0 else (self._succ[i] + pool * parent) / (n + pool)
-            parent, pool = out[i], self._pool
+        succ, counts = self._succ.tolist(), (self._succ + self._fail).tolist()
+        # Depths past the deepest one ever reached have no counts: they inherit it.
+        reached = max((i for i, n in enumerate(counts) if n > 0), default=-1) + 1
+        for i in range(reached):
+            n = counts[i]
+            parent = parent if n + pool == 0 else (succ[i] + pool * parent) / (n + pool)
+            out[i], pool = parent, self._pool
+        out[reached:] = parent
+        out.flags.writeable = False
+        self._alphas = out
         return out
 
     def step_seconds(self, max_k: int) -> np.ndarray:
@@ -357,12 +368,14 @@ class AdaptiveK:
     def _restart(self) -> None:
         # The prior lives in the depth-1 counts and decays with them, so after
         # enough evidence it leaves no floor under the estimate.
+        self._alphas = None
         self._succ[:] = 0.0
         self._fail[:] = 0.0
         self._succ[0] = self._prior_alpha * self._prior_strength
         self._fail[0] = (1.0 - self._prior_alpha) * self._prior_strength
 
     def _count(self, drafted: int, accepted: int) -> None:
+        self._alphas = None
         self._succ *= self._gamma
         self._fail *= self._gamma
         self._succ[: min(accepted, self.max_depth)] += 1.0

@@ -2,7 +2,8 @@
 
 One thread owns the model. Each step it admits queued requests into the
 running batch (up to `max_num_seqs`), chooses every request's draft length for
-this step (`cost.allocate`: speculation yields to load), asks each request to
+this step (`cost.allocate`: speculation yields to load, checked against the
+realized rate by `guard.SpeculationGuard`), asks each request to
 `prepare` its forward, runs ONE `target.forward_batch` over all of them, and
 hands each output back to its request's `complete`. Requests join and leave
 only at these step boundaries.
@@ -33,6 +34,7 @@ from ..engine import SpecRequest
 from ..metrics import Stats
 from ..models.base import TargetModel
 from .cost import Candidate, StepCost, allocate, calibrate
+from .guard import SpeculationGuard
 from .metrics import Gauges, ServingMetrics
 
 
@@ -54,12 +56,15 @@ class SchedulerConfig:
     cost_half_life: float = 64.0  # steps over which old step timings lose half their weight
     explore_every: int = 16  # every n-th step one adaptive request drafts one more or less; 0: never
     pool_strength: float = 4.0  # pseudo-observations of the pooled acceptance a new request starts with
+    guard_window: int = 8  # steps per window of the realized-rate check (guard.py); 0: off
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.guard_window < 0:
+            raise ValueError(f"guard_window must be >= 0, got {self.guard_window}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
@@ -125,6 +130,7 @@ class Scheduler:
             prior = calibrate(target)
         self.cost = StepCost(prior, fused=target.fuses_batches,
                              half_life=self.config.cost_half_life)
+        self.guard = SpeculationGuard(self.config.guard_window) if self.config.guard_window else None
         self._cond = threading.Condition()
         self._queue: deque[Ticket] = deque()
         self._running: list[_Slot] = []
@@ -261,12 +267,17 @@ class Scheduler:
                 drafted = r.stats.drafted
                 alphas = (r.stats.accepted / drafted if drafted else 0.5,)
             else:
-                alphas = tuple(r.controller.alphas)
+                alphas = r.controller.alphas
             candidates.append(Candidate(1, r.room(), alphas, fixed, slot.seconds_per_draft))
         ks = list(allocate(candidates, self.cost, self.config.margin))
         self._steps += 1
-        every = self.config.explore_every
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
+        decoding = sum(c.decoding for c in candidates)
+        if self.guard is not None and decoding and not self.guard.allow(decoding):
+            for i in movable:
+                ks[i] = 0
+            return ks
+        every = self.config.explore_every
         if every and movable and self._steps % every == 0:
             # Step times are measured only at the widths the allocator picks, and a wrong
             # extrapolation elsewhere would never be corrected: now and then one request
@@ -279,8 +290,10 @@ class Scheduler:
         return ks
 
     def _step(self) -> None:
+        started = time.perf_counter()
         slots = list(self._running)
         ks = self._choose_ks(slots)
+        decoding = sum(slot.request.prefilled for slot in slots)
         items, live = [], []
         for slot, k in zip(slots, ks):
             try:
@@ -325,6 +338,8 @@ class Scheduler:
         # request and per row, the latter is what a draft costs beyond the matmuls.
         self.cost.observe([int(item.tokens.shape[0]) for item in items], time.perf_counter() - t0)
         self.metrics.step(len(items), seconds, decode_ks, emitted, drafted, accepted)
+        if self.guard is not None and decoding:
+            self.guard.record(decoding, emitted, time.perf_counter() - started)
 
     def _end_locked(self, slot: _Slot, failure: Failure | None) -> None:
         with self._cond:

@@ -1,0 +1,63 @@
+"""The serving guard (verispec/serving/guard.py): per load level it keeps the
+mode, speculating or not, whose realized tokens per second is higher, and
+probes the other one at doubling intervals."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from verispec.serving.guard import SpeculationGuard
+
+
+def _simulate(guard: SpeculationGuard, rate_on, rate_off, steps: int, decoding: int = 16,
+              noise: float = 0.1, seed: int = 0) -> list[bool]:
+    """Steps of one second's worth of tokens at the mode's rate (a callable of the
+    step index), with multiplicative noise; returns the mode of every step."""
+    rng = random.Random(seed)
+    modes = []
+    for i in range(steps):
+        on = guard.allow(decoding)
+        modes.append(on)
+        rate = rate_on(i) if on else rate_off(i)
+        guard.record(decoding, round(rate * rng.uniform(1 - noise, 1 + noise)), 1.0)
+    return modes
+
+
+@pytest.mark.parametrize("on, off, want_on", [(300.0, 330.0, False), (500.0, 330.0, True)])
+def test_settles_on_the_faster_mode_and_probes_rarely(on, off, want_on):
+    guard = SpeculationGuard(window=8, min_interval=2, max_interval=32)
+    modes = _simulate(guard, lambda i: on, lambda i: off, 3000)
+    late = modes[1000:]
+    share = sum(m == want_on for m in late) / len(late)
+    assert share > 0.93, share  # probes of the slower mode cost at most ~1/32 of windows
+    measured_on, measured_off = guard.rates(16)
+    assert (measured_on > measured_off) == want_on
+
+
+def test_a_probe_that_wins_flips_the_mode_within_a_few_windows():
+    guard = SpeculationGuard(window=8, min_interval=2, max_interval=8)
+    # Speculation pays for 800 steps (copying), then costs 10% (free writing).
+    modes = _simulate(guard, lambda i: 500.0 if i < 800 else 300.0, lambda i: 330.0, 1600)
+    assert sum(modes[400:800]) / 400 > 0.85
+    flipped = next(i for i in range(800, 1600) if not any(modes[i:i + 40]))
+    assert flipped < 800 + 120, flipped
+    assert sum(modes[1000:]) / 600 < 0.2
+
+
+def test_levels_are_powers_of_two_and_independent():
+    guard = SpeculationGuard(window=4)
+    assert [guard.level(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]
+    _simulate(guard, lambda i: 100.0, lambda i: 200.0, 400, decoding=16)
+    _simulate(guard, lambda i: 300.0, lambda i: 100.0, 400, decoding=2)
+    on16, off16 = guard.rates(16)
+    on2, off2 = guard.rates(2)
+    assert on16 < off16 and on2 > off2
+    assert guard.rates(4) == (None, None)
+
+
+def test_rejects_bad_settings():
+    with pytest.raises(ValueError):
+        SpeculationGuard(window=0)
+    with pytest.raises(ValueError):
+        SpeculationGuard(min_interval=4, max_interval=2)
