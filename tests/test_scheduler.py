@@ -35,11 +35,13 @@ class Collector:
         self.tokens: list[int] = []
         self.finish: str | None = None
         self.failure: Failure | None = None
+        self.stats = None  # the request's Stats as of its last event
         self.done = threading.Event()
 
     def __call__(self, event) -> None:
         if isinstance(event, Progress):
             self.tokens.extend(event.tokens)
+            self.stats = event.stats
             self.finish = event.finish_reason
             if event.finish_reason:
                 self.done.set()
@@ -277,3 +279,28 @@ def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypa
     assert all(sink.done.wait(30) and sink.failure is None for sink in sinks)
     assert seeds == [(5.0 / 6.0, 4.0)]  # the adaptive request only
     scheduler.close()
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_guard_off_windows_stop_adaptive_drafts_only(engine, monkeypatch, allowed):
+    """While the guard says speculation is not paying, adaptive requests decode plainly
+    and fixed-k requests still draft; outputs stay equal to the solo run either way."""
+    from verispec.serving.guard import SpeculationGuard
+
+    recorded = []
+    monkeypatch.setattr(SpeculationGuard, "allow", lambda self, decoding: allowed)
+    monkeypatch.setattr(SpeculationGuard, "record",
+                        lambda self, decoding, tokens, seconds: recorded.append((decoding, tokens)))
+    scheduler = make_scheduler(engine, explore_every=0, margin=0.0)
+    sampling = SamplingParams(max_new_tokens=12)
+    specs = [SpecConfig("ngram", k=4, adaptive=True), SpecConfig("ngram", k=4)]
+    sinks = [Collector(), Collector()]
+    scheduler.submit([Ticket(PROMPTS[0], sampling, spec, sink) for spec, sink in zip(specs, sinks)])
+    assert all(sink.done.wait(30) and sink.failure is None for sink in sinks)
+    scheduler.close()
+    for spec, sink in zip(specs, sinks):
+        assert sink.tokens == engine.generate(PROMPTS[0], sampling, spec).token_ids
+    assert recorded and all(decoding >= 1 and tokens >= 1 for decoding, tokens in recorded)
+    assert any(r.k for r in sinks[0].stats.steps) == allowed
+    assert (scheduler.metrics.guard_held > 0) != allowed  # /metrics counts the held steps
+    assert any(r.k for r in sinks[1].stats.steps)

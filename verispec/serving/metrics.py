@@ -58,6 +58,7 @@ class ServingMetrics:
         self.drafted = 0
         self.accepted = 0
         self.steps = 0
+        self.guard_held = 0  # steps whose adaptive requests the guard kept from drafting
         self.tau = Histogram(TAU_BUCKETS)
         self.step_seconds = Histogram(STEP_BUCKETS)
         self.batch_size = Histogram(BATCH_BUCKETS)
@@ -87,6 +88,10 @@ class ServingMetrics:
             self.accepted += accepted
             self.last_batch_size = batch_size
 
+    def held_by_guard(self) -> None:
+        with self._lock:
+            self.guard_held += 1
+
     def render(self, gauges: Gauges) -> str:
         p = "verispec"
         with self._lock:
@@ -102,6 +107,8 @@ class ServingMetrics:
                 ("accepted_tokens_total", "counter", "Draft tokens accepted.", self.accepted),
                 ("acceptance_rate", "gauge", "Accepted / drafted since start.", round(rate, 6)),
                 ("steps_total", "counter", "Batched target forwards.", self.steps),
+                ("guard_held_steps_total", "counter", "Steps whose adaptive requests the "
+                 "realized-rate guard kept from drafting.", self.guard_held),
                 ("queue_depth", "gauge", "Requests waiting for a batch slot.", gauges.queued),
                 ("running_requests", "gauge", "Requests in the running batch.", gauges.running),
                 ("batch_size", "gauge", "Requests in the last step.", self.last_batch_size),

@@ -139,6 +139,7 @@ class Scheduler:
         self._admitting = 0  # popped from the queue, not yet running: counted as busy
         self._stepping = False  # a step is in flight (its end may already have emptied the batch)
         self._steps = 0
+        self._guarded = 0  # decoding requests of this step if the guard's answer mattered, else 0
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         # Per proposer: discounted accepted drafts and first rejections of finished requests.
         # A new adaptive request starts from their ratio rather than from a blind prior:
@@ -273,7 +274,10 @@ class Scheduler:
         self._steps += 1
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
         decoding = sum(c.decoding for c in candidates)
-        if self.guard is not None and decoding and not self.guard.allow(decoding):
+        # Only steps where the guard's answer changes something measure its two modes.
+        self._guarded = decoding if movable else 0
+        if self.guard is not None and movable and not self.guard.allow(decoding):
+            self.metrics.held_by_guard()
             for i in movable:
                 ks[i] = 0
             return ks
@@ -293,7 +297,6 @@ class Scheduler:
         started = time.perf_counter()
         slots = list(self._running)
         ks = self._choose_ks(slots)
-        decoding = sum(slot.request.prefilled for slot in slots)
         items, live = [], []
         for slot, k in zip(slots, ks):
             try:
@@ -338,8 +341,8 @@ class Scheduler:
         # request and per row, the latter is what a draft costs beyond the matmuls.
         self.cost.observe([int(item.tokens.shape[0]) for item in items], time.perf_counter() - t0)
         self.metrics.step(len(items), seconds, decode_ks, emitted, drafted, accepted)
-        if self.guard is not None and decoding:
-            self.guard.record(decoding, emitted, time.perf_counter() - started)
+        if self.guard is not None and self._guarded:
+            self.guard.record(self._guarded, emitted, time.perf_counter() - started)
 
     def _end_locked(self, slot: _Slot, failure: Failure | None) -> None:
         with self._cond:
