@@ -35,6 +35,12 @@ def test_settles_on_the_faster_mode_and_probes_rarely(on, off, want_on):
     assert (measured_on > measured_off) == want_on
 
 
+def test_a_lead_within_the_edge_goes_to_plain_decoding():
+    guard = SpeculationGuard(window=8, edge=0.03)
+    modes = _simulate(guard, lambda i: 336.0, lambda i: 330.0, 2000, noise=0.01)
+    assert sum(modes[1000:]) / 1000 < 0.1
+
+
 def test_a_probe_that_wins_flips_the_mode_within_a_few_windows():
     guard = SpeculationGuard(window=8, min_interval=2, max_interval=8)
     # Speculation pays for 800 steps (copying), then costs 10% (free writing).

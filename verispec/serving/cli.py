@@ -97,10 +97,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=None,
                    help="cost profile from `verispec profile`: the prior shape of T(n) "
                         "(default: a few forwards timed at start, about 2.5 s for the default model)")
-    p.add_argument("--guard-window", type=int, default=8,
+    p.add_argument("--guard-window", type=int, default=16,
                    help="steps per window of the realized-rate check: per batch size, adaptive "
                         "requests speculate only while windows that allow drafts commit more "
-                        "tokens per second than windows that do not (default 8; 0 = trust the "
+                        "tokens per second than windows that do not (default 16; 0 = trust the "
                         "cost model alone)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")

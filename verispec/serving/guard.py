@@ -20,8 +20,9 @@ The interval doubles up to `max_interval` while the same mode keeps winning
 (the probes' cost shrinks, like `policy.AdaptiveK`'s probes at k = 0) and
 returns to `min_interval` when a probe reverses the order.
 
-The cost is the probes: with a clear winner, one window in `max_interval`
-runs the worse mode. Outputs never depend on it: it only changes k.
+Speculating must lead by `edge` (3%): within that, window-to-window noise
+decides, and plain decoding is the safe side of a tie. The cost is the probes:
+with a clear winner, one window in `max_interval` runs the worse mode. Outputs never depend on it: it only changes k.
 """
 from __future__ import annotations
 
@@ -40,12 +41,14 @@ class _Level:
 
 
 class SpeculationGuard:
-    def __init__(self, window: int = 8, min_interval: int = 2, max_interval: int = 32,
-                 decay: float = 0.7) -> None:
-        if window < 1 or not 1 <= min_interval <= max_interval or not 0.0 < decay < 1.0:
+    def __init__(self, window: int = 16, min_interval: int = 2, max_interval: int = 32,
+                 decay: float = 0.7, edge: float = 0.03) -> None:
+        if (window < 1 or not 1 <= min_interval <= max_interval or not 0.0 < decay < 1.0
+                or not 0.0 <= edge < 1.0):
             raise ValueError("SpeculationGuard: need window >= 1, "
-                             "1 <= min_interval <= max_interval and 0 < decay < 1")
+                             "1 <= min_interval <= max_interval, 0 < decay < 1, 0 <= edge < 1")
         self.window, self.decay = window, decay
+        self.edge = edge  # "on" leads only when faster by this fraction: ties go to plain decoding
         self.min_interval, self.max_interval = min_interval, max_interval
         self._levels: dict[int, _Level] = {}
 
@@ -91,13 +94,12 @@ class SpeculationGuard:
             state.windows = 0
         state.mode = leader != probe
 
-    @staticmethod
-    def _leader(state: _Level) -> bool | None:
+    def _leader(self, state: _Level) -> bool | None:
         """The mode with the higher measured rate (True: on); None until both are measured."""
         (t_on, s_on), (t_off, s_off) = state.rate[True], state.rate[False]
         if s_on == 0.0 or s_off == 0.0:
             return None
-        return t_on / s_on >= t_off / s_off
+        return t_on / s_on > (1.0 + self.edge) * t_off / s_off
 
     def _state(self, decoding: int) -> _Level:
         key = self.level(decoding)

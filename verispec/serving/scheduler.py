@@ -56,7 +56,7 @@ class SchedulerConfig:
     cost_half_life: float = 64.0  # steps over which old step timings lose half their weight
     explore_every: int = 16  # every n-th step one adaptive request drafts one more or less; 0: never
     pool_strength: float = 4.0  # pseudo-observations of the pooled acceptance a new request starts with
-    guard_window: int = 8  # steps per window of the realized-rate check (guard.py); 0: off
+    guard_window: int = 16  # steps per window of the realized-rate check (guard.py); 0: off
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -140,6 +140,7 @@ class Scheduler:
         self._stepping = False  # a step is in flight (its end may already have emptied the batch)
         self._steps = 0
         self._guarded = 0  # decoding requests of this step if the guard's answer mattered, else 0
+        self._guard_held = False  # the guard kept this step's adaptive requests from drafting
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         # Per proposer: discounted accepted drafts and first rejections of finished requests.
         # A new adaptive request starts from their ratio rather than from a blind prior:
@@ -256,6 +257,20 @@ class Scheduler:
             self._end(slot, Failure("cancelled", "cancelled by the client"))
 
     def _choose_ks(self, slots: list[_Slot]) -> list[int]:
+        self._steps += 1
+        decoding = sum(slot.request.prefilled for slot in slots)
+        adaptive = any(s.request.prefilled and s.request.controller is not None and s.request.room()
+                       for s in slots)
+        # Only steps where the guard's answer changes something measure its two modes.
+        self._guarded = decoding if adaptive else 0
+        self._guard_held = bool(self.guard is not None and adaptive
+                                and not self.guard.allow(decoding))
+        if self._guard_held:
+            # Speculation is not paying at this load: adaptive requests decode plainly, and
+            # skip the allocator and their shadow drafts, whose host time is then pure cost.
+            self.metrics.held_by_guard()
+            return [s.request.room() if s.request.prefilled and s.request.controller is None else 0
+                    for s in slots]
         candidates = []
         for slot in slots:
             r = slot.request
@@ -271,16 +286,7 @@ class Scheduler:
                 alphas = r.controller.alphas
             candidates.append(Candidate(1, r.room(), alphas, fixed, slot.seconds_per_draft))
         ks = list(allocate(candidates, self.cost, self.config.margin))
-        self._steps += 1
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
-        decoding = sum(c.decoding for c in candidates)
-        # Only steps where the guard's answer changes something measure its two modes.
-        self._guarded = decoding if movable else 0
-        if self.guard is not None and movable and not self.guard.allow(decoding):
-            self.metrics.held_by_guard()
-            for i in movable:
-                ks[i] = 0
-            return ks
         every = self.config.explore_every
         if every and movable and self._steps % every == 0:
             # Step times are measured only at the widths the allocator picks, and a wrong
@@ -300,7 +306,7 @@ class Scheduler:
         items, live = [], []
         for slot, k in zip(slots, ks):
             try:
-                items.append(slot.request.prepare(k))
+                items.append(slot.request.prepare(k, shadow=not self._guard_held))
                 live.append(slot)
             except Exception as exc:
                 self._end_locked(slot, Failure("error", f"{type(exc).__name__}: {exc}"))
