@@ -304,3 +304,18 @@ def test_guard_off_windows_stop_adaptive_drafts_only(engine, monkeypatch, allowe
     assert any(r.k for r in sinks[0].stats.steps) == allowed
     assert (scheduler.metrics.guard_held > 0) != allowed  # /metrics counts the held steps
     assert any(r.k for r in sinks[1].stats.steps)
+
+
+@pytest.mark.parametrize("allow_shadow", [True, False])
+def test_k0_steps_make_shadow_guesses_unless_held(engine, allow_shadow):
+    """An adaptive n-gram request at k = 0 still guesses one token (a shadow) and the
+    controller learns from it; a step the guard holds skips that guess."""
+    request = engine.new_request(PROMPTS[0], SamplingParams(max_new_tokens=12),
+                                 SpecConfig("ngram", k=4, adaptive=True), own_timing=False)
+    request.complete(engine.target.forward_batch([request.prepare(None)])[0])  # the prefill
+    prior = request.controller.alphas.copy()
+    for _ in range(6):
+        request.complete(engine.target.forward_batch(
+            [request.prepare(0, allow_shadow=allow_shadow)])[0])
+    learned = not (request.controller.alphas == prior).all()
+    assert learned == allow_shadow

@@ -127,11 +127,11 @@ class SpecRequest:
         return max(0, min(self.spec.k, self.sampling.max_new_tokens - len(self.generated) - 1,
                           self.target.max_context - len(self.tokens)))
 
-    def prepare(self, k: int | None = None, shadow: bool = True) -> BatchItem:
+    def prepare(self, k: int | None = None, allow_shadow: bool = True) -> BatchItem:
         """The arguments of this request's next target forward. `k`: the draft
         length chosen by a scheduler (clipped to `room()`); None lets the
-        request choose (its fixed k, or its adaptive controller's). `shadow`:
-        False skips the shadow draft a k = 0 step would otherwise make."""
+        request choose (its fixed k, or its adaptive controller's).
+        `allow_shadow`: False skips the shadow draft a k = 0 step would otherwise make."""
         if self.finished or self._pending is not None or self.cache is None:
             raise RuntimeError("prepare() needs a live request with no forward in flight")
         hidden_layers = self.proposer.hidden_layers
@@ -154,7 +154,7 @@ class SpecRequest:
         if budget > 0:
             ctx.target_hidden = self._held.release(self.hidden)
             proposal = self.proposer.propose(ctx, budget)
-        elif self.shadows and shadow and room > 0:
+        elif self.shadows and allow_shadow and room > 0:
             shadow = self.proposer.propose(ctx, 1)
         else:
             self._held.hold(self.hidden)

@@ -306,7 +306,7 @@ class Scheduler:
         items, live = [], []
         for slot, k in zip(slots, ks):
             try:
-                items.append(slot.request.prepare(k, shadow=not self._guard_held))
+                items.append(slot.request.prepare(k, allow_shadow=not self._guard_held))
                 live.append(slot)
             except Exception as exc:
                 self._end_locked(slot, Failure("error", f"{type(exc).__name__}: {exc}"))
