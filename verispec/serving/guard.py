@@ -22,7 +22,8 @@ returns to `min_interval` when a probe reverses the order.
 
 Speculating must lead by `edge` (3%): within that, window-to-window noise
 decides, and plain decoding is the safe side of a tie. The cost is the probes:
-with a clear winner, one window in `max_interval` runs the worse mode. Outputs never depend on it: it only changes k.
+with a clear winner, one window in `max_interval` runs the worse mode.
+Outputs never depend on it: it only changes k.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 
 @dataclass
 class _Level:
-    rate: dict  # mode -> discounted (tokens, seconds)
+    """One load level's measurements and the state of its current window."""
+    rate: dict[bool, tuple[float, float]]  # mode -> discounted (tokens, seconds)
     mode: bool = True  # the mode of the current window (True: on)
     steps: int = 0  # steps into the current window
     tokens: float = 0.0  # committed in the current window
@@ -41,6 +43,8 @@ class _Level:
 
 
 class SpeculationGuard:
+    """Per load level: which mode, speculating or not, the next steps run."""
+
     def __init__(self, window: int = 16, min_interval: int = 2, max_interval: int = 32,
                  decay: float = 0.7, edge: float = 0.03) -> None:
         if (window < 1 or not 1 <= min_interval <= max_interval or not 0.0 < decay < 1.0
