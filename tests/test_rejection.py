@@ -9,7 +9,7 @@ from scipy.stats import chisquare
 
 from verispec.config import SamplingParams
 from verispec.rejection import verify_greedy, verify_sampling
-from verispec.sampling import logits_to_probs, make_generator
+from verispec.sampling import greedy_tokens, logits_to_probs, make_generator
 
 V = 8
 
@@ -29,6 +29,21 @@ def one_hot_logits(tokens: list[int], vocab: int = V) -> torch.Tensor:
 def test_greedy_table(drafts, target, accepted, emitted, bonus):
     verdict = verify_greedy(torch.tensor(drafts, dtype=torch.long), one_hot_logits(target))
     assert (verdict.num_accepted, verdict.tokens, verdict.bonus) == (accepted, emitted, bonus)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_match_torch_argmax_including_ties(dtype):
+    # The fast argmax must pick torch.argmax's token everywhere, or speculative and
+    # plain greedy could part at a tie: bf16 logits of a 49k vocabulary tie often.
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 49152, generator=gen).to(dtype)  # [rows, vocab]
+    logits[1, [40, 7, 30000]] = 50.0  # a three-way tie: the first index wins
+    logits[2] = 0.0  # all equal
+    logits[3, 11] = float("nan")  # torch treats NaN as the maximum
+    assert greedy_tokens(logits) == logits.argmax(-1).tolist()
+    assert greedy_tokens(logits)[1:3] == [7, 0]
+    assert greedy_tokens(logits[4]) == int(logits[4].argmax())
+    assert greedy_tokens(logits[:, ::3]) == logits[:, ::3].argmax(-1).tolist()  # strided view
 
 
 @pytest.mark.parametrize("drafts, target, accepted, emitted", [

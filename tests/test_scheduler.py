@@ -290,7 +290,8 @@ def test_guard_off_windows_stop_adaptive_drafts_only(engine, monkeypatch, allowe
     recorded = []
     monkeypatch.setattr(SpeculationGuard, "allow", lambda self, decoding: allowed)
     monkeypatch.setattr(SpeculationGuard, "record",
-                        lambda self, decoding, tokens, seconds: recorded.append((decoding, tokens)))
+                        lambda self, decoding, tokens, seconds, measured=True:
+                        recorded.append((decoding, tokens)))
     scheduler = make_scheduler(engine, explore_every=0, margin=0.0)
     sampling = SamplingParams(max_new_tokens=12)
     specs = [SpecConfig("ngram", k=4, adaptive=True), SpecConfig("ngram", k=4)]

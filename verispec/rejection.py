@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .sampling import sample
+from .sampling import greedy_tokens, sample
 
 if TYPE_CHECKING:
     from .tree import TokenTree
@@ -36,7 +36,7 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     k = draft_tokens.shape[0]
     # One device op, then plain Python on k + 1 ints: this runs for every request
     # at every step, where a chain of small tensor ops costs more than the argmax.
-    target_tokens = target_logits.argmax(-1).tolist()  # [k + 1]
+    target_tokens = greedy_tokens(target_logits)  # [k + 1]
     drafts = draft_tokens.tolist()
     num_accepted = next((i for i, (t, d) in enumerate(zip(target_tokens, drafts)) if t != d), k)
     return Verdict(num_accepted, target_tokens[: num_accepted + 1], bonus=num_accepted == k)
@@ -130,7 +130,7 @@ class TreeVerdict:
 def verify_tree_greedy(tree: "TokenTree", target_logits: torch.Tensor) -> TreeVerdict:
     """Follow the target's argmax down the tree. target_logits: [N + 1, vocab],
     row 0 for the root (the last committed token), row i + 1 for node i."""
-    argmax = target_logits.argmax(-1).tolist()  # [N + 1]
+    argmax = greedy_tokens(target_logits)  # [N + 1]
     tokens = tree.token_list
     node, path = -1, []
     while True:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..sampling import logits_to_probs, sample
+from ..sampling import greedy_tokens, logits_to_probs, sample
 from ..tree import ROOT, TokenTree
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
@@ -65,7 +65,7 @@ class DraftModelProposer(Proposer):
         probs: list[torch.Tensor] = []
         for i in range(k):
             if self.sampling.greedy:
-                token = int(logits.argmax())
+                token = greedy_tokens(logits)
             else:
                 dist = logits_to_probs(logits, self.sampling)  # [vocab]
                 token = int(sample(dist, self.generator))

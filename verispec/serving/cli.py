@@ -51,8 +51,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     defaults = serve_defaults(args)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
-    if args.guard_window < 0:
-        raise ValueError(f"--guard-window must be >= 0, got {args.guard_window}")
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
                                 profile=load_profile(args.profile) if args.profile else None,
                                 guard_window=args.guard_window)
@@ -98,10 +96,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                    help="cost profile from `verispec profile`: the prior shape of T(n) "
                         "(default: a few forwards timed at start, about 2.5 s for the default model)")
     p.add_argument("--guard-window", type=int, default=16,
-                   help="steps per window of the realized-rate check: per batch size, adaptive "
-                        "requests speculate only while windows that allow drafts commit more "
-                        "tokens per second than windows that do not (default 16; 0 = trust the "
-                        "cost model alone)")
+                   help="steps per window of the realized-rate check: per batch size, probe "
+                        "windows alternate steps that allow drafts with steps that do not, and "
+                        "adaptive requests speculate only while the first commit more tokens per "
+                        "second (default 16; 0 = trust the cost model alone)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-num-seqs", type=int, default=8,

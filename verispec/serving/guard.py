@@ -11,45 +11,57 @@ never fall below.
 
 So the scheduler also measures what it gets. Steps are grouped into windows of
 `window` steps, per load level (the number of decoding requests, in powers of
-two). A window runs "on" (the allocator chooses as it predicts) or "off"
-(every adaptive request decodes plainly), and the realized rate, committed
-tokens per second of step time, is kept for each mode and level as a
-discounted mean over windows. The next window runs the better mode; every
-`interval`-th window runs the other one, to notice when the answer changes.
-The interval doubles up to `max_interval` while the same mode keeps winning
-(the probes' cost shrinks, like `policy.AdaptiveK`'s probes at k = 0) and
-returns to `min_interval` when a probe reverses the order.
+two). A window either runs the leading mode throughout, or is a probe: its
+steps alternate between "on" (the allocator chooses as it predicts) and "off"
+(every adaptive request decodes plainly). Only probes are measured, and each
+mode's realized rate, committed tokens per second of step time, is the
+discounted sum over probes. Alternating step by step pairs the two modes under
+the same machine conditions: on this shared machine the step time drifts by
+10-25% over seconds, which decided the comparison when whole windows of one
+mode were set against whole windows of the other. Probes come every
+`interval` leader windows; the interval doubles up to `max_interval` while the
+probes side with the leader (like `policy.AdaptiveK`'s probes at k = 0) and
+returns to `min_interval` when one sides clearly (by an `edge` past the
+threshold) with the other mode or the leader changes. Half a probe runs the
+losing mode, so with a clear winner the cost is half a window in `max_interval`.
 
-Speculating must lead by `edge` (3%): within that, window-to-window noise
-decides, and plain decoding is the safe side of a tie. The cost is the probes:
-with a clear winner, one window in `max_interval` runs the worse mode.
-Outputs never depend on it: it only changes k.
+Steps that prefill a prompt are not measured (`record(..., measured=False)`):
+at 16 streams one cost 1.5-4 decode steps (chat to HumanEval prompts) whatever the drafts, and one landing in a
+mode's half of a probe would weigh more than the drafts being judged.
+
+Speculating must lead by `edge` (3%): within that, noise decides, and plain
+decoding is the safe side of a tie. Outputs never depend on the guard: it only
+changes k.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class _Level:
     """One load level's measurements and the state of its current window."""
-    rate: dict[bool, tuple[float, float]]  # mode -> discounted (tokens, seconds)
-    mode: bool = True  # the mode of the current window (True: on)
-    steps: int = 0  # steps into the current window
-    tokens: float = 0.0  # committed in the current window
-    seconds: float = 0.0
-    windows: int = 0  # windows since the last probe
-    interval: int = 2  # windows between probes of the losing mode
+    rate: dict[bool, tuple[float, float]]  # mode -> discounted (tokens, seconds) over probes
+    probing: bool = True  # the current window alternates the modes (the first one does)
+    leader: bool = True  # the mode of a window that is not a probe (True: on)
+    steps: int = 0  # measured steps into the current window
+    windows: int = 0  # leader windows since the last probe
+    interval: int = 1  # leader windows between probes
+    tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+
+    def mode(self) -> bool:
+        return self.steps % 2 == 0 if self.probing else self.leader
 
 
 class SpeculationGuard:
     """Per load level: which mode, speculating or not, the next steps run."""
 
-    def __init__(self, window: int = 16, min_interval: int = 2, max_interval: int = 32,
-                 decay: float = 0.7, edge: float = 0.03) -> None:
-        if (window < 1 or not 1 <= min_interval <= max_interval or not 0.0 < decay < 1.0
+    def __init__(self, window: int = 16, min_interval: int = 1, max_interval: int = 32,
+                 decay: float = 0.5, edge: float = 0.03) -> None:
+        if (window < 2 or not 1 <= min_interval <= max_interval or not 0.0 < decay < 1.0
                 or not 0.0 <= edge < 1.0):
-            raise ValueError("SpeculationGuard: need window >= 1, "
+            raise ValueError("SpeculationGuard: need window >= 2 (a probe alternates the modes), "
                              "1 <= min_interval <= max_interval, 0 < decay < 1, 0 <= edge < 1")
         self.window, self.decay = window, decay
         self.edge = edge  # "on" leads only when faster by this fraction: ties go to plain decoding
@@ -63,43 +75,53 @@ class SpeculationGuard:
 
     def allow(self, decoding: int) -> bool:
         """Whether adaptive requests may draft in a step with `decoding` decoding requests."""
-        return self._state(decoding).mode
+        return self._state(decoding).mode()
 
     def rates(self, decoding: int) -> tuple[float | None, float | None]:
         """Measured (on, off) tokens per second at this load level; None where unmeasured."""
         state = self._state(decoding)
         return tuple(t / s if s > 0 else None for t, s in (state.rate[True], state.rate[False]))
 
-    def record(self, decoding: int, tokens: int, seconds: float) -> None:
-        """One finished step run under `allow(decoding)`'s answer."""
+    def record(self, decoding: int, tokens: int, seconds: float, measured: bool = True) -> None:
+        """One finished step run under `allow(decoding)`'s answer; `measured=False` for a
+        step whose time says little about the drafts (a prefill): it neither counts nor
+        advances the window, so the next step runs the same mode."""
         state = self._state(decoding)
+        if not measured:
+            return
+        mode = state.mode()
         state.steps += 1
-        state.tokens += tokens
-        state.seconds += seconds
+        if state.probing:
+            state.tokens[mode] += tokens
+            state.seconds[mode] += seconds
         if state.steps < self.window:
             return
-        before = self._leader(state)
-        tokens_sum, seconds_sum = state.rate[state.mode]
-        state.rate[state.mode] = (self.decay * tokens_sum + state.tokens,
-                                  self.decay * seconds_sum + state.seconds)
-        state.steps, state.tokens, state.seconds = 0, 0.0, 0.0
-        leader = self._leader(state)
-        if leader is None:
-            state.mode = state.rate[True][1] == 0.0  # measure both modes first
+        state.steps = 0
+        if not state.probing:
+            state.windows += 1
+            state.probing = state.windows >= state.interval
             return
-        if before is not None and state.mode != before:
-            # This window probed the trailing mode. Still behind: probe it less often.
-            # Ahead now: the order changed, so keep checking often.
-            state.interval = (min(2 * state.interval, self.max_interval) if leader == before
-                              else self.min_interval)
-        state.windows += 1
-        probe = state.windows >= state.interval
-        if probe:
-            state.windows = 0
-        state.mode = leader != probe
+        before = self._leader(state)
+        ratio = ((state.tokens[True] / state.seconds[True])
+                 / max(state.tokens[False] / state.seconds[False], 1e-9))  # this probe's on / off
+        for m in (True, False):
+            t, s = state.rate[m]
+            state.rate[m] = (self.decay * t + state.tokens[m], self.decay * s + state.seconds[m])
+            state.tokens[m] = state.seconds[m] = 0.0
+        state.leader = self._leader(state)
+        # A probe that sides with the standing leader: probe less often. One that sides
+        # clearly with the other mode (the text may have changed character): probe again
+        # soon, so the discounted rates catch up within a few probes. "Clearly" is an edge
+        # beyond the threshold: when both modes run alike (drafts rarely allotted), a probe
+        # lands on either side of it by noise, and must not keep the probes frequent.
+        threshold = 1.0 + self.edge
+        contrary = ratio < threshold - self.edge if before else ratio > threshold + self.edge
+        steady = before is not None and state.leader == before and not contrary
+        state.interval = min(2 * state.interval, self.max_interval) if steady else self.min_interval
+        state.probing, state.windows = False, 0
 
     def _leader(self, state: _Level) -> bool | None:
-        """The mode with the higher measured rate (True: on); None until both are measured."""
+        """The mode with the higher measured rate (True: on); None until measured."""
         (t_on, s_on), (t_off, s_off) = state.rate[True], state.rate[False]
         if s_on == 0.0 or s_off == 0.0:
             return None

@@ -63,8 +63,9 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-        if self.guard_window < 0:
-            raise ValueError(f"guard_window must be >= 0, got {self.guard_window}")
+        if self.guard_window < 0 or self.guard_window == 1:
+            raise ValueError("guard_window must be 0 (off) or >= 2 (a probe alternates the "
+                             f"two modes), got {self.guard_window}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
 
@@ -141,6 +142,7 @@ class Scheduler:
         self._steps = 0
         self._guarded = 0  # decoding requests of this step if the guard's answer mattered, else 0
         self._guard_held = False  # the guard kept this step's adaptive requests from drafting
+        self._guard_measured = False  # this step decodes only: its time is the guard's sample
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         # Per proposer: discounted accepted drafts and first rejections of finished requests.
         # A new adaptive request starts from their ratio rather than from a blind prior:
@@ -263,6 +265,7 @@ class Scheduler:
                        for s in slots)
         # Only steps where the guard's answer changes something measure its two modes.
         self._guarded = decoding if adaptive else 0
+        self._guard_measured = decoding == len(slots)  # a prefill's cost would swamp the drafts'
         self._guard_held = bool(self.guard is not None and adaptive
                                 and not self.guard.allow(decoding))
         if self._guard_held:
@@ -348,7 +351,8 @@ class Scheduler:
         self.cost.observe([int(item.tokens.shape[0]) for item in items], time.perf_counter() - t0)
         self.metrics.step(len(items), seconds, decode_ks, emitted, drafted, accepted)
         if self.guard is not None and self._guarded:
-            self.guard.record(self._guarded, emitted, time.perf_counter() - started)
+            self.guard.record(self._guarded, emitted, time.perf_counter() - started,
+                              measured=self._guard_measured)
 
     def _end_locked(self, slot: _Slot, failure: Failure | None) -> None:
         with self._cond:

@@ -27,7 +27,7 @@ import torch
 
 from ..config import SamplingParams, SpecConfig
 from ..models.base import BatchItem, TargetModel
-from ..sampling import logits_to_probs, make_generator, sample
+from ..sampling import greedy_tokens, logits_to_probs, make_generator, sample
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def _decode_continuous(target: TargetModel, pending: Iterator[PromptIds],
         going = []
         for req in live:
             if req.params.greedy:  # a multinomial over a one-hot costs ~1 ms at 49k tokens
-                token = int(req.logits.argmax())
+                token = greedy_tokens(req.logits)
             else:
                 token = int(sample(logits_to_probs(req.logits, req.params), req.generator))
             req.response.append(token)
