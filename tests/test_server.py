@@ -302,11 +302,12 @@ def test_load_driver_and_serving_bench(server, tmp_path):
     assert summary["latency_p50_s"] <= summary["latency_p99_s"] and summary["tau"] >= 1.0
     code = main(["bench", "--server", server.url, "--concurrency", "1,2", "--duration", "0.3",
                  "--max-new-tokens", "6", "--workload", "chat", "--proposer", "none,ngram",
-                 "--k", "3", "--rounds", "2", "--out", str(tmp_path)])
+                 "--k", "3", "--rounds", "2", "--control", "--out", str(tmp_path)])
     assert code == 0
     table = (tmp_path / "report.md").read_text()
     assert "none tok/s" in table and "ngram k=3 tok/s" in table and "ngram adaptive tok/s" in table
-    assert "ngram adaptive / none" in table
+    assert "ngram adaptive / none" in table and "none again / none" in table  # the A/A control
+    assert "Per-round ratios" in table
     assert (tmp_path / "serving.png").exists()
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert all(row["errors"] == 0 for mode in results.values() for row in mode.values())

@@ -281,6 +281,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="serving benchmark: repeat every level's mode rotation this many "
                             "times and report medians; the machine's drift then hits all "
                             "modes alike (default 1)")
+    bench.add_argument("--control", action="store_true",
+                       help="serving benchmark: add a second `none` mode, whose ratio to the "
+                            "first (an A/A comparison) shows this run's noise band")
     add_model_args(bench)
     bench.set_defaults(func=cmd_bench)
 

@@ -30,10 +30,16 @@ class Mode:
     speculation: dict
 
 
-def modes(proposer: str, k: int, k_max: int) -> list[Mode]:
-    return [Mode("none", {"proposer": "none"}),
-            Mode(f"{proposer} k={k}", {"proposer": proposer, "k": k}),
-            Mode(f"{proposer} adaptive", {"proposer": proposer, "k": "auto"})]
+CONTROL = "none again"
+
+
+def modes(proposer: str, k: int, control: bool = False) -> list[Mode]:
+    """`control` adds a second `none`: its ratio to the first is an A/A comparison,
+    the noise band of this run, against which "adaptive is not slower" is read."""
+    listed = [Mode("none", {"proposer": "none"}),
+              Mode(f"{proposer} k={k}", {"proposer": proposer, "k": k}),
+              Mode(f"{proposer} adaptive", {"proposer": proposer, "k": "auto"})]
+    return listed + [Mode(CONTROL, {"proposer": "none"})] if control else listed
 
 
 def parse_levels(text: str) -> list[int]:
@@ -56,25 +62,39 @@ def combine(rounds: list[dict]) -> dict:
     return cell
 
 
+def round_ratios(results: dict[str, dict[int, dict]], label: str, level: int) -> list[float]:
+    """This mode's throughput over none's, round by round (paired)."""
+    pairs = zip(results[label][level]["rounds"], next(iter(results.values()))[level]["rounds"])
+    return [m["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else np.nan
+            for m, b in pairs]
+
+
 def ratio_to_none(results: dict[str, dict[int, dict]], label: str, level: int) -> float:
     """Median over rounds of this mode's throughput over none's in the same round."""
-    pairs = zip(results[label][level]["rounds"], next(iter(results.values()))[level]["rounds"])
-    return float(np.median([m["tokens_per_s"] / b["tokens_per_s"] if b["tokens_per_s"] else np.nan
-                            for m, b in pairs]))
+    return float(np.median(round_ratios(results, label, level)))
 
 
 def markdown(results: dict[str, dict[int, dict]], levels: list[int]) -> str:
     labels = list(results)
+    adaptive = next(m for m in labels if m.endswith("adaptive"))
     head = ["concurrency"] + [f"{m} tok/s" for m in labels] + [f"{m} p50/p99 s" for m in labels] \
-        + [f"{labels[-1]} tau"] + [f"{m} / none" for m in labels[1:]]
+        + [f"{adaptive} tau"] + [f"{m} / none" for m in labels[1:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in levels:
         rows = [results[m][c] for m in labels]
         lines.append("| " + " | ".join(
             [str(c)] + [f"{r['tokens_per_s']:.1f}" for r in rows]
             + [f"{r['latency_p50_s']:.2f}/{r['latency_p99_s']:.2f}" for r in rows]
-            + [f"{rows[-1]['tau']:.2f}"]
+            + [f"{results[adaptive][c]['tau']:.2f}"]
             + [f"{ratio_to_none(results, m, c):.2f}x" for m in labels[1:]]) + " |")
+    if len(results[labels[0]][levels[0]]["rounds"]) > 1:
+        # Medians hide the spread that decides "within noise": show every paired round.
+        others = labels[1:]
+        lines += ["", "Per-round ratios to `none`:", "",
+                  "| concurrency | " + " | ".join(others) + " |", "|---|" + "---|" * len(others)]
+        for c in levels:
+            cells = [", ".join(f"{r:.2f}" for r in round_ratios(results, m, c)) for m in others]
+            lines.append("| " + " | ".join([str(c)] + cells) + " |")
     errors = sum(r["errors"] for m in labels for r in results[m].values())
     if errors:
         lines.append(f"\n{errors} request(s) failed; see results.json")
@@ -128,7 +148,7 @@ def cmd_bench_serving(args: argparse.Namespace) -> int:
     if proposer.startswith("self:"):
         raise ValueError("--concurrency takes a registered proposer name (ngram, auto, ...); "
                          "serve a draft with `verispec serve --draft` and use --server")
-    mode_list = modes(proposer, args.k, max(args.k, 8))
+    mode_list = modes(proposer, args.k, getattr(args, "control", False))
     out = Path(args.out or Path("bench-results") / time.strftime("serving-%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     if args.server:

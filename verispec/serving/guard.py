@@ -25,9 +25,9 @@ returns to `min_interval` when one sides clearly (by an `edge` past the
 threshold) with the other mode or the leader changes. Half a probe runs the
 losing mode, so with a clear winner the cost is half a window in `max_interval`.
 
-Steps that prefill a prompt are not measured (`record(..., measured=False)`):
-at 16 streams one cost 1.5-4 decode steps (chat to HumanEval prompts) whatever the drafts, and one landing in a
-mode's half of a probe would weigh more than the drafts being judged.
+Steps that prefill a prompt are not measured (`record(..., measured=False)`): at
+16 streams one cost 1.5-4 decode steps (chat to HumanEval prompts) whatever the
+drafts, and one landing in a mode's half of a probe would outweigh the drafts.
 
 Speculating must lead by `edge` (3%): within that, noise decides, and plain
 decoding is the safe side of a tie. Outputs never depend on the guard: it only
