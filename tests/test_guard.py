@@ -90,6 +90,8 @@ def test_unmeasured_steps_neither_count_nor_advance_the_window():
     for _ in range(3):
         guard.record(16, 10, 1.0)
     assert guard.rates(16) == ((16.0 + 10.0) / 2.0, (10.0 + 10.0) / 2.0)
+    guard.record(16, 5, 0.0)  # a step timed at zero seconds says nothing; it must not divide
+    assert guard.rates(16) == ((16.0 + 10.0) / 2.0, (10.0 + 10.0) / 2.0)
     assert guard.allow(16)  # "on" led by more than the edge: the next window runs it
 
 

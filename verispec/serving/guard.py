@@ -87,7 +87,7 @@ class SpeculationGuard:
         step whose time says little about the drafts (a prefill): it neither counts nor
         advances the window, so the next step runs the same mode."""
         state = self._state(decoding)
-        if not measured:
+        if not measured or not seconds > 0.0:
             return
         mode = state.mode()
         state.steps += 1
