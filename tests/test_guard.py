@@ -90,9 +90,16 @@ def test_unmeasured_steps_neither_count_nor_advance_the_window():
     for _ in range(3):
         guard.record(16, 10, 1.0)
     assert guard.rates(16) == ((16.0 + 10.0) / 2.0, (10.0 + 10.0) / 2.0)
-    guard.record(16, 5, 0.0)  # a step timed at zero seconds says nothing; it must not divide
-    assert guard.rates(16) == ((16.0 + 10.0) / 2.0, (10.0 + 10.0) / 2.0)
     assert guard.allow(16)  # "on" led by more than the edge: the next window runs it
+
+
+def test_a_step_timed_at_zero_seconds_is_not_measured():
+    guard = SpeculationGuard(window=2)
+    guard.record(16, 16, 1.0)  # the probe's "on" step
+    guard.record(16, 5, 0.0)  # would end the probe with an "off" rate of 5 / 0
+    assert not guard.allow(16)  # still waiting for a measured "off" step
+    guard.record(16, 10, 1.0)
+    assert guard.rates(16) == (16.0, 10.0)
 
 
 def test_levels_are_powers_of_two_and_independent():

@@ -114,8 +114,7 @@ class SpeculationGuard:
         # soon, so the discounted rates catch up within a few probes. "Clearly" is an edge
         # beyond the threshold: when both modes run alike (drafts rarely allotted), a probe
         # lands on either side of it by noise, and must not keep the probes frequent.
-        threshold = 1.0 + self.edge
-        contrary = ratio < threshold - self.edge if before else ratio > threshold + self.edge
+        contrary = ratio < 1.0 if before else ratio > 1.0 + 2.0 * self.edge
         steady = before is not None and state.leader == before and not contrary
         state.interval = min(2 * state.interval, self.max_interval) if steady else self.min_interval
         state.probing, state.windows = False, 0
