@@ -3,11 +3,12 @@ the report's numbers, the files written, and flag errors exiting with 2."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
 from conftest import CharTokenizer, tiny_target
-from verispec import Engine
+from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench import bench_cli
 from verispec.bench.economics import expected_tokens, load_profile
 from verispec.bench.peers import parse_peers
@@ -100,6 +101,12 @@ def test_adaptive_and_auto_runs_record_and_plot_their_choices(engine, tmp_path):
         assert max(record.step_k) <= 4
     auto = next(r for r in out.records if r.config == "auto")
     assert set(auto.step_proposer) <= {"ngram", "none", "eagle", "medusa"}
+    # Adaptive n-gram lookup records the evidence (matched suffix length) behind each k.
+    keyed = next(r for r in out.records if r.config == "ngram+auto")
+    assert len(keyed.step_evidence) == len(keyed.step_k)
+    assert all(e is None or 0 <= e <= 4 for e in keyed.step_evidence)
+    assert any(e is not None for e in keyed.step_evidence)
+    assert all(e is None for e in auto.step_evidence)
     data = json.loads((tmp_path / "results.json").read_text())
     assert [r["step_k"] for r in data["records"]] == [r.step_k for r in out.records]
     assert all(r.adaptive for r in out.records if r.kind != "peer")
@@ -116,8 +123,20 @@ def test_sweep_on_pretokenized_prompts_without_tokenizer(tmp_path):
     assert [(s.name, s.ks) for s in out.sweeps] == [("ngram", [1, 3]), ("self:1", [1, 3])]
     assert all(s.best_k in (1, 3) for s in out.sweeps)
     ngram, selfdraft = out.sweeps
-    best = ngram.speedup[ngram.ks.index(ngram.best_k)]
+    # k is scored by decode speedup (prefill excluded) against verispec's plain run.
+    assert ngram.scored_by == "decode speedup" and "| decode speedup |" in out.markdown
+    best = ngram.decode_speedup[ngram.ks.index(ngram.best_k)]
+    assert best == max(ngram.decode_speedup)
     assert ngram.adaptive_vs_best == pytest.approx(ngram.adaptive / best)
+    for record in out.records:
+        decode = statistics.median(record.decode_seconds_all)
+        assert len(record.decode_seconds_all) == 3 and 0 < decode < record.seconds
+        assert record.decode_tokens_per_s == pytest.approx(record.tokens / decode)
+    plain = {r.prompt_id: r for r in out.records if r.config == "none"}
+    for row in (r for r in out.rows if r.config == "ngram k=3"):
+        mine = [r for r in out.records if r.config == row.config]
+        assert row.decode_speedup == pytest.approx(statistics.median(
+            r.decode_tokens_per_s / plain[r.prompt_id].decode_tokens_per_s for r in mine))
     assert selfdraft.adaptive is None and "+auto / best" in out.markdown
     # Three timed repeats per run; the record's time is their median.
     assert all(len(r.seconds_all) == 3 and r.seconds == sorted(r.seconds_all)[1]
@@ -214,3 +233,25 @@ def test_proposer_modifiers():
     assert proposer_spec("self:4+auto", 3, None).draft == "self:4"
     with pytest.raises(ValueError, match="unknown modifier"):
         proposer_spec("ngram+fast", 4, None)
+
+
+def test_replay_reproduces_the_engine_and_scores_k_without_a_clock(engine):
+    """The exercise-3 replay (verispec.bench.replay) must commit what the engine commits:
+    for greedy n-gram lookup at a static k, the same number of target passes and drafts.
+    Its modelled time is then a pure function of those, and adaptive k runs the real
+    controller on it. (A random model accepts few drafts; tests/test_default_model.py
+    checks the same on a copy, where most are accepted.)"""
+    from verispec.bench.replay import replay
+
+    prompt = [3, 17, 4, 9, 3, 17, 4] * 4 + [5, 6]
+    sampling = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    output = engine.generate(prompt, sampling, SpecConfig("none", k=0)).token_ids
+    for k in (1, 3, 6):
+        run = engine.generate(prompt, sampling, SpecConfig("ngram", k=k)).stats
+        again = replay(prompt, output, 0.05, k)
+        assert (again.passes, again.drafted, again.tokens) == \
+            (run.target_forwards, run.drafted, len(output))
+        assert again.time == pytest.approx(again.passes + 0.05 * again.drafted)
+    adaptive = replay(prompt, output, 0.05, None, k_cap=6)
+    assert adaptive.tokens == len(output) and adaptive.passes <= len(output)
+    assert replay(prompt, output, 0.05, 0).speedup == pytest.approx(1.0)

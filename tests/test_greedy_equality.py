@@ -274,3 +274,46 @@ def test_adaptive_k_stays_lossless(engine, target, spec):
         assert max(ks) <= 8
         if spec.draft == "random":
             assert ks[-10:].count(0) >= 5
+
+
+def test_adaptive_ngram_keys_k_on_its_match_length(engine, target, monkeypatch):
+    """With adaptive k, the controller is told n-gram lookup's evidence each step (its
+    matched suffix length, checked here against the context) and keeps acceptance
+    per value: output stays plain greedy's, every k = 0 step with a match still
+    measures a free shadow guess, and no step drafts more than its k."""
+    from verispec.acceptance import Evidence
+    from verispec.policy import AdaptiveK
+    from verispec.proposers.ngram import MATCH_PRIOR, NgramIndex
+
+    seen: list[tuple[Evidence, int]] = []
+    choose, shadow = AdaptiveK.choose, AdaptiveK.observe_shadow
+    shadows: list[int] = []
+
+    def spy_choose(self, max_k, evidence=None):
+        k = choose(self, max_k, evidence)
+        seen.append((evidence, k))
+        return k
+
+    def spy_shadow(self, drafted, matched):
+        shadows.append(drafted)
+        return shadow(self, drafted, matched)
+
+    monkeypatch.setattr(AdaptiveK, "choose", spy_choose)
+    monkeypatch.setattr(AdaptiveK, "observe_shadow", spy_shadow)
+    prompt = PROMPTS[3] * 3 + PROMPTS[0]
+    want = plain(engine, prompt, 64)
+    got = engine.generate(prompt, SamplingParams(max_new_tokens=64), SpecConfig("ngram", k=8,
+                                                                                adaptive=True))
+    assert got.token_ids == want.token_ids
+    tokens = list(prompt)
+    for (evidence, k), step in zip(seen, got.stats.steps):
+        index = NgramIndex(1, 4)
+        index.update(tokens)
+        assert evidence.key == index.longest_match()
+        assert evidence.prior_alpha == MATCH_PRIOR[min(evidence.key, 4)]
+        assert step.k == k and step.drafted <= k
+        tokens += want.token_ids[len(tokens) - len(prompt):][:step.emitted]
+    # Only a last step with no room left (max_new_tokens) skips the choice.
+    assert len(got.stats.steps) - len(seen) in (0, 1)
+    assert {e.key for e, _ in seen} - {0}  # matches were found: the evidence varied
+    assert len(shadows) == sum(1 for e, k in seen if k == 0 and e.key)

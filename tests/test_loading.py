@@ -109,7 +109,9 @@ def test_cli_generate_json(capsys, small_model_dir):
     for key in ("proposer", "k", "drafted", "accepted", "acceptance_rate", "tau",
                 "target_forwards", "tokens_per_s"):
         assert key in stats
-    assert stats["proposer"] == "ngram" and stats["k"] == 4
+    # The default configuration: n-gram lookup with adaptive k up to 8.
+    assert stats["proposer"] == "ngram" and stats["k"] == 8 and stats["adaptive"]
+    assert 0 <= stats["mean_k"] <= 8
 
 
 def test_cli_generate_text_from_stdin(capsys, monkeypatch, small_model_dir):
@@ -120,4 +122,8 @@ def test_cli_generate_text_from_stdin(capsys, monkeypatch, small_model_dir):
     assert code == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith("[verispec] proposer=draft:self:1 k=2 drafted=")
+    code = main(["generate", "--model", str(small_model_dir), "--prompt", "a b a b a b",
+                 "--max-new-tokens", "8", "--dtype", "fp32"])
+    assert code == 0
+    assert "[verispec] proposer=ngram k=auto<=8 (mean " in capsys.readouterr().out
     assert "tau=" in out[-1] and "tok/s=" in out[-1]

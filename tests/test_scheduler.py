@@ -12,6 +12,7 @@ import pytest
 from conftest import CharTokenizer, tiny_engine
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench.economics import CostModel
+from verispec.proposers.base import DraftContext
 from verispec.serving.cost import Candidate, StepCost, allocate, calibrate
 from verispec.serving.scheduler import (Failure, Progress, QueueFull, Scheduler, SchedulerConfig,
                                         Ticket)
@@ -320,3 +321,44 @@ def test_k0_steps_make_shadow_guesses_unless_held(engine, allow_shadow):
             [request.prepare(0, allow_shadow=allow_shadow)])[0])
     learned = not (request.controller.alphas == prior).all()
     assert learned == allow_shadow
+
+
+def test_scheduled_adaptive_ngram_prices_k_by_its_evidence(engine):
+    """Served, the batch chooser prices an adaptive n-gram request's k with the
+    acceptance of its current evidence (matched suffix length), and the step's
+    outcome is counted under that evidence: the recorded keys are the context's
+    longest match at each step, and the keyed estimates learn."""
+    from verispec.acceptance import Evidence
+    from verispec.proposers.ngram import NgramIndex
+
+    # No guard: a step it holds decodes plainly without consulting the request.
+    scheduler = make_scheduler(engine, explore_every=0, margin=0.0, guard_window=0)
+    sampling = SamplingParams(max_new_tokens=24)
+    prompt = PROMPTS[0] * 4
+    sink = Collector()
+    scheduler.submit([Ticket(prompt, sampling, SpecConfig("ngram", k=6, adaptive=True), sink)])
+    assert sink.done.wait(30) and sink.failure is None
+    scheduler.close()
+    assert sink.tokens == engine.generate(prompt, sampling, SpecConfig("none", k=0)).token_ids
+    tokens = list(prompt)
+    keys = []
+    for step in sink.stats.steps:
+        index = NgramIndex(1, 4)
+        index.update(tokens)
+        if step.evidence is not None:
+            assert step.evidence == index.longest_match()
+            keys.append(step.evidence)
+        tokens += sink.tokens[len(tokens) - len(prompt):][:step.emitted]
+    assert len(keys) >= len(sink.stats.steps) - 1 and max(keys) >= 1
+
+    # The keyed estimate moves with outcomes reported under its key, not others'.
+    request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6, adaptive=True),
+                                 own_timing=False)
+    request.complete(engine.target.forward_batch([request.prepare(None)])[0])
+    evidence = request.proposer.evidence(DraftContext(request.tokens, len(prompt)))
+    before = request.controller.evidence_alphas(evidence).copy()
+    assert (request.next_alphas() == before).all()
+    request.complete(engine.target.forward_batch([request.prepare(3)])[0])
+    assert not (request.controller.evidence_alphas(evidence) == before).all()
+    other = Evidence(evidence.key + 1, 0.5)
+    assert (request.controller.evidence_alphas(other) == 0.5).all()

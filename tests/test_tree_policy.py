@@ -8,6 +8,7 @@ import pytest
 from conftest import tiny_engine
 from verispec import SamplingParams, SpecConfig
 from verispec.bench.economics import CostModel
+from verispec.config import DEFAULT_SPEC
 from verispec.policy import AdaptiveK, StepObservation, expected_tokens_per_pass
 from verispec.proposers.base import DraftContext
 from verispec.proposers.ngram import NgramProposer
@@ -142,6 +143,11 @@ def test_config_and_cli_spellings():
                                       "--tree-max", "16"])
     spec = spec_from(args)
     assert spec.tree_auto and spec.adaptive and spec.tree == 16
+    # Adaptive k is the default: the CLI's and the API's default configurations agree.
+    assert spec_from(build_parser().parse_args(["generate", "--prompt", "x"])) == DEFAULT_SPEC
+    assert DEFAULT_SPEC.adaptive and DEFAULT_SPEC.proposer == "ngram"
+    fixed = spec_from(build_parser().parse_args(["generate", "--prompt", "x", "--k", "4"]))
+    assert fixed.k == 4 and not fixed.adaptive
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +198,12 @@ def test_ngram_index_answers_what_the_scan_computes():
             for k, limit in ((1, 1), (4, 1), (4, 8)):
                 assert index.continuations(k, limit) == _scan(tokens[:end], k, ngram_min,
                                                               ngram_max, limit)
+            # The evidence the adaptive controller keys acceptance on: the longest
+            # suffix n-gram that occurred earlier with a continuation.
+            context = tokens[:end]
+            assert index.longest_match() == next(
+                (n for n in range(min(ngram_max, end - 1), ngram_min - 1, -1)
+                 if any(context[s:s + n] == context[end - n:] for s in range(end - n))), 0)
     index = NgramIndex(1, 3)
     index.update([1, 2, 3, 1, 2])
     index.update([9, 2, 3, 9])  # not an extension: re-indexed from scratch

@@ -8,7 +8,7 @@ from typing import Iterator
 import torch
 
 from . import proposers
-from .config import SamplingParams, SpecConfig
+from .config import DEFAULT_SPEC, SamplingParams, SpecConfig
 from .engine import SpecRequest, Step, run_alone, validate_prompt
 from .metrics import Stats
 from .models.base import TargetModel
@@ -161,7 +161,8 @@ class Engine:
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
-                      lossy=spec.lossy_typical and not sampling.greedy)
+                      lossy=spec.lossy_typical and not sampling.greedy,
+                      adaptive=spec.adaptive and spec.proposer != "none")
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            own_timing=own_timing)
 
@@ -174,7 +175,7 @@ class Engine:
                spec: SpecConfig | None = None, chat: bool = False) -> Iterator[Chunk]:
         """Yield tokens as they are committed, with text deltas that never show a stop string."""
         sampling = sampling or SamplingParams()
-        steps, stats = self._steps(prompt, sampling, spec or SpecConfig(), chat)
+        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat)
         deltas = TextDeltas(self.decode, sampling.stop)
         for step in steps:
             delta = deltas.push(step.tokens, final=bool(step.finish_reason))
@@ -183,7 +184,7 @@ class Engine:
     def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                  spec: SpecConfig | None = None, chat: bool = False) -> Result:
         sampling = sampling or SamplingParams()
-        steps, stats = self._steps(prompt, sampling, spec or SpecConfig(), chat)
+        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat)
         ids = [token for step in steps for token in step.tokens]
         text = trim_at_stop(self.decode(ids), sampling.stop)
         return Result(text, ids, stats, stats.finish_reason or "length")

@@ -47,9 +47,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="who guesses the next tokens: ngram (prompt lookup, free), "
                         "draft (a small model or self:L), eagle / medusa (trained heads on the "
                         "target's hidden states), none (plain decoding)")
-    p.add_argument("--k", default="4",
-                   help="draft tokens per target pass; 0 = plain decoding; auto = choose k "
-                        "each step to maximize tokens/s (capped by --k-max)")
+    p.add_argument("--k", default="auto",
+                   help="draft tokens per target pass; 0 = plain decoding; auto (default) = "
+                        "choose k each step to maximize tokens/s, capped by --k-max")
     p.add_argument("--k-max", type=int, default=8, help="largest k that --k auto may choose")
     p.add_argument("--profile", default=None,
                    help="cost profile from `verispec profile`, a prior for --k auto")

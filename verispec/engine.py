@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from .config import SamplingParams, SpecConfig
@@ -28,6 +29,7 @@ from .bench.economics import load_profile
 from .metrics import Stats, StepRecord
 from .policy import AdaptiveK, StepObservation
 from .models.base import BatchItem, ForwardOutput, TargetModel
+from .acceptance import Evidence
 from .proposers.base import DraftContext, HeldRows, Proposal, Proposer
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
@@ -73,6 +75,7 @@ class _Pending:
     tree: TreeFeed | None = None  # tree step
     shadow: Proposal | None = None  # an unverified guess at k = 0, for acceptance evidence
     prefill: bool = False
+    evidence: Evidence | None = None  # what the proposer told the controller before k was chosen
 
 
 class SpecRequest:
@@ -106,6 +109,7 @@ class SpecRequest:
         # measures acceptance without a verify cost (see verispec.policy).
         self.shadows = self.controller is not None and proposer.free
         self._held = HeldRows()  # hidden rows of steps that drafted nothing, for the next that does
+        self._evidence: Evidence | None = None  # announced by next_alphas() for a scheduler's k
         self.finish_reason: str | None = None
         self._pending: _Pending | None = None
         self._prefilled = len(prompt) <= 1  # a one-token prompt has nothing to prefill
@@ -127,6 +131,14 @@ class SpecRequest:
         return max(0, min(self.spec.k, self.sampling.max_new_tokens - len(self.generated) - 1,
                           self.target.max_context - len(self.tokens)))
 
+    def next_alphas(self) -> np.ndarray:
+        """For a scheduler that chooses k itself (adaptive requests only): the
+        acceptance per depth to price this request's next step with, keyed on the
+        proposer's evidence, under which the step's outcome is then counted too."""
+        self._evidence = self.proposer.evidence(
+            DraftContext(self.tokens, self.num_prompt, self.hidden))
+        return self.controller.begin_step(self._evidence)
+
     def prepare(self, k: int | None = None, allow_shadow: bool = True) -> BatchItem:
         """The arguments of this request's next target forward. `k`: the draft
         length chosen by a scheduler (clipped to `room()`); None lets the
@@ -140,17 +152,22 @@ class SpecRequest:
             return BatchItem(torch.tensor(self.tokens[:-1]), self.cache, num_logits=1,
                              hidden_layers=hidden_layers)
         room = self.room()
+        ctx = DraftContext(self.tokens, self.num_prompt, self.hidden)
+        evidence, self._evidence = self._evidence, None
         if k is not None:
             budget = max(0, min(k, room))
+        elif self.controller and room > 0:
+            evidence = self.proposer.evidence(ctx)
+            budget = self.controller.choose(room, evidence)
         else:
-            budget = self.controller.choose(room) if self.controller and room > 0 else room
+            budget = room
+        if self.controller is not None and k is None:
+            # A tree controller (`--tree auto`) set this step's node budget with k; a
+            # scheduler-chosen k keeps the proposer's configured budget.
+            ctx.tree_nodes = self.controller.nodes
         t0 = time.perf_counter()
         proposal = Proposal.empty()
         shadow = None
-        # A tree controller (`--tree auto`) sets this step's node budget with k; a
-        # scheduler-chosen k keeps the proposer's configured budget.
-        nodes = self.controller.nodes if self.controller is not None and k is None else None
-        ctx = DraftContext(self.tokens, self.num_prompt, self.hidden, tree_nodes=nodes)
         if budget > 0:
             ctx.target_hidden = self._held.release(self.hidden)
             proposal = self.proposer.propose(ctx, budget)
@@ -165,12 +182,14 @@ class SpecRequest:
                              or self.target.max_context) - len(self.tokens)
             tree = proposal.tree.trimmed(max_depth=budget, max_nodes=room_nodes)
             feed = tree_feed(self.cache.length, self.tokens, tree)
-            self._pending = _Pending(budget, draft_seconds, tree=feed, shadow=shadow)
+            self._pending = _Pending(budget, draft_seconds, tree=feed, shadow=shadow,
+                                     evidence=evidence)
             return BatchItem(feed.tokens, self.cache, positions=feed.layout.positions,
                              mask=feed.layout.mask, hidden_layers=hidden_layers)
         drafts = proposal.tokens[:budget].to(torch.long)
         probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
-        self._pending = _Pending(budget, draft_seconds, drafts, probs, shadow=shadow)
+        self._pending = _Pending(budget, draft_seconds, drafts, probs, shadow=shadow,
+                                 evidence=evidence)
         feed = torch.cat([torch.tensor([self.tokens[-1]]), drafts])  # [k + 1]
         return BatchItem(feed, self.cache, hidden_layers=hidden_layers)
 
@@ -216,7 +235,8 @@ class SpecRequest:
                 self.controller.observe_shadow(
                     1, int(int(pending.shadow.tokens[0]) == committed[0]))
         stats.record(StepRecord(self.proposer.active, pending.budget, outcome.drafted,
-                                outcome.num_accepted, len(committed)))
+                                outcome.num_accepted, len(committed),
+                                pending.evidence.key if pending.evidence is not None else None))
         stats.time_total = time.perf_counter() - self.started
         if self.finish_reason:
             stats.finish_reason = self.finish_reason

@@ -13,6 +13,7 @@ class StepRecord:
     drafted: int  # draft tokens actually proposed (<= k)
     accepted: int  # of those, kept by the verifier
     emitted: int  # tokens committed this step (accepted + 1, fewer when a stop cut the block)
+    evidence: int | None = None  # the proposer's evidence key behind an adaptive k (policy.py)
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Stats:
     time_total: float = 0.0
     finish_reason: str = ""
     lossy: bool = False  # typical acceptance (SpecConfig.lossy_typical): not the model's distribution
+    adaptive: bool = False  # k chosen per step (then `k` is the cap; steps hold each choice)
     steps: list[StepRecord] = field(default_factory=list)
 
     def record(self, step: StepRecord) -> None:
@@ -57,6 +59,11 @@ class Stats:
         return max(0.0, self.time_total - self.time_prefill - self.time_draft - self.time_verify)
 
     @property
+    def mean_k(self) -> float:
+        """Draft length asked per target pass, averaged over the steps."""
+        return sum(s.k for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
     def acceptance_histogram(self) -> dict[int, int]:
         """Steps by number of accepted draft tokens."""
         return dict(sorted(Counter(s.accepted for s in self.steps if s.drafted).items()))
@@ -65,6 +72,8 @@ class Stats:
         return {
             "proposer": self.proposer,
             "k": self.k,
+            "adaptive": self.adaptive,
+            "mean_k": round(self.mean_k, 3),
             "drafted": self.drafted,
             "accepted": self.accepted,
             "acceptance_rate": round(self.acceptance_rate, 4),
@@ -89,7 +98,8 @@ class Stats:
         total = self.time_total or 1.0
         split = "/".join(f"{100 * t / total:.0f}%" for t in (
             self.time_prefill, self.time_draft, self.time_verify, self.time_other))
-        return (f"[verispec] proposer={self.proposer} k={self.k} drafted={self.drafted} "
+        k = f"auto<={self.k} (mean {self.mean_k:.1f})" if self.adaptive else str(self.k)
+        return (f"[verispec] proposer={self.proposer} k={k} drafted={self.drafted} "
                 f"accepted={self.accepted} acceptance={100 * self.acceptance_rate:.1f}% "
                 f"tau={self.tau:.2f} target_forwards={self.target_forwards} "
                 f"tokens={self.generated} tok/s={self.tokens_per_s:.1f} "

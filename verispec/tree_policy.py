@@ -80,8 +80,15 @@ class AdaptiveTree:
                 best = TreePlan(d + 1, nodes, float(rates[d]))
         return best
 
-    def choose(self, max_k: int) -> int:
-        """Draft depth for the next step; `self.nodes` holds the node budget."""
+    def begin_step(self, evidence) -> np.ndarray:
+        """A scheduler's pricing hook (AdaptiveK.begin_step); tree budgets are priced
+        from pooled acceptance, so the evidence is unused."""
+        return self.alphas
+
+    def choose(self, max_k: int, evidence=None) -> int:
+        """Draft depth for the next step; `self.nodes` holds the node budget.
+        `evidence` is accepted for the engine's sake and unused: tree budgets are
+        priced from pooled acceptance."""
         if max_k <= 0:
             self.nodes = 0
             return 0

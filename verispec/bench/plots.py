@@ -24,21 +24,22 @@ def save_figure(fig, path: str | Path) -> Path:
 
 
 def speedup_vs_k(path: str | Path, sweeps: Sequence[SweepRow]) -> Path | None:
-    """One panel per workload, one line per proposer; y is the speedup when a
-    reference ran, else tokens/s."""
+    """One panel per workload, one line per proposer; y is the metric the sweep
+    scored k by (decode speedup, speedup or tokens/s: SweepRow.scored_by), with
+    the adaptive run's score as a dashed line."""
     if not sweeps:
         return None
     workloads = list(dict.fromkeys(s.workload for s in sweeps))
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.4), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         for s in (s for s in sweeps if s.workload == workload):
-            relative = all(v is not None for v in s.speedup)
-            line, = ax.plot(s.ks, s.speedup if relative else s.tokens_per_s, marker="o",
-                            label=s.name)
+            values = {"decode speedup": s.decode_speedup, "speedup": s.speedup,
+                      "tok/s": s.tokens_per_s}[s.scored_by]
+            line, = ax.plot(s.ks, values, marker="o", label=s.name)
             if s.adaptive is not None:
                 ax.axhline(s.adaptive, color=line.get_color(), lw=1.2, ls="--",
                            label=f"{s.name}+auto (k chosen per step)")
-            ax.set_ylabel("speedup" if relative else "tokens/s")
+            ax.set_ylabel(s.scored_by)
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_title(workload)
         ax.set_xlabel("k (draft tokens per target pass)")
@@ -126,6 +127,16 @@ def k_trajectory(path: str | Path, records: Sequence) -> Path | None:
         ax.set_title(f"{workload} (first prompt)", fontsize=9)
         ax.set_ylabel("k chosen")
         ax.legend(fontsize=6, loc="upper right", ncols=2)
+        keyed = next((r for r in first.values() if any(e is not None for e in r.step_evidence)),
+                     None)
+        if keyed is not None:
+            # The evidence k was chosen from (n-gram lookup: matched suffix length).
+            twin = ax.twinx()
+            twin.step(range(len(keyed.step_evidence)),
+                      [-1 if e is None else e for e in keyed.step_evidence], where="mid",
+                      color="tab:orange", alpha=0.45, lw=1)
+            twin.set_ylabel(f"{keyed.config}: evidence", fontsize=7, color="tab:orange")
+            twin.set_ylim(-0.5, max(e or 0 for e in keyed.step_evidence) + 0.5)
     axes[-1, 0].set_xlabel("target pass")
     return save_figure(fig, path)
 

@@ -6,6 +6,10 @@ Aggregation rules (each chosen so a short, noisy run still means something):
             does not move it
   speedup   median of per-prompt ratios against the reference on the same
             prompt, so prompt difficulty cancels before aggregation
+  decode speedup  the same with prefill excluded, against verispec's own plain
+            run: the draft length cannot change a prompt's prefill, and on long
+            documents its noise (2.2-4.2 s for one 1.5k-token prompt in one
+            run) swamped the decode differences the k sweep is about
   alpha     total accepted / total drafted (a pooled rate, not a mean of rates)
   tau       total generated / total target forwards
   E         (1 - alpha^(k+1)) / (1 - alpha), what tau would be if acceptances
@@ -61,6 +65,7 @@ class Row:
     vs_plain: Equality = field(default_factory=Equality)
     vs_hf_plain: Equality = field(default_factory=Equality)
     own_reference: str | None = None  # BenchConfig.own_reference: vs_plain is against it
+    decode_speedup: float | None = None  # median per-prompt decode-rate ratio over plain
 
 
 @dataclass
@@ -72,8 +77,10 @@ class SweepRow:
     tau: list[float | None]
     speedup: list[float | None]
     best_k: int
-    adaptive: float | None = None  # the `+auto` run's score (speedup, else tok/s), if one ran
+    adaptive: float | None = None  # the `+auto` run's score, if one ran
     adaptive_vs_best: float | None = None  # that score over the best static k's
+    decode_speedup: list[float | None] = field(default_factory=list)
+    scored_by: str = "speedup"  # the metric that picks the best k: decode speedup, speedup, tok/s
 
 
 def reference_label(configs: Sequence[BenchConfig]) -> str | None:
@@ -90,13 +97,24 @@ def _expected(alpha: float | None, k: int) -> float | None:
     return float(k + 1) if alpha >= 1.0 else expected_tokens(alpha, k)
 
 
+def _median_ratio(records: list[RunRecord], reference: dict[str, RunRecord] | None,
+                  rate) -> float | None:
+    """Median over prompts of rate(record) / rate(reference's record)."""
+    if reference is None:
+        return None
+    ratios = []
+    for r in records:
+        ref = reference.get(r.prompt_id)
+        mine, theirs = rate(r), rate(ref) if ref is not None else None
+        if mine is not None and theirs:
+            ratios.append(mine / theirs)
+    return statistics.median(ratios) if ratios else None
+
+
 def _row(workload: str, config: BenchConfig, records: list[RunRecord],
-         reference: dict[str, RunRecord] | None, ref_label: str | None) -> Row:
-    speedup = None
-    if reference is not None:
-        ratios = [r.tokens_per_s / reference[r.prompt_id].tokens_per_s for r in records
-                  if r.prompt_id in reference and reference[r.prompt_id].tokens_per_s > 0]
-        speedup = statistics.median(ratios) if ratios else None
+         reference: dict[str, RunRecord] | None, ref_label: str | None,
+         plain: dict[str, RunRecord] | None = None) -> Row:
+    speedup = _median_ratio(records, reference, lambda r: r.tokens_per_s)
     alpha = tau = split = None
     if config.kind != PEER:
         drafted = sum(r.drafted or 0 for r in records)
@@ -110,7 +128,8 @@ def _row(workload: str, config: BenchConfig, records: list[RunRecord],
     row = Row(workload, config.label, config.name, config.kind, config.k, len(records),
               sum(r.tokens for r in records), statistics.median(r.tokens_per_s for r in records),
               speedup, ref_label, alpha, tau, _expected(alpha, config.k), split,
-              own_reference=config.own_reference)
+              own_reference=config.own_reference,
+              decode_speedup=_median_ratio(records, plain, lambda r: r.decode_tokens_per_s))
     for r in records:
         row.vs_plain.add(r.vs_plain)
         row.vs_hf_plain.add(r.vs_hf_plain)
@@ -119,22 +138,26 @@ def _row(workload: str, config: BenchConfig, records: list[RunRecord],
 
 def summarize(records: Sequence[RunRecord], configs: Sequence[BenchConfig]) -> list[Row]:
     ref_label = reference_label(configs)
+    plain_label = next((c.label for c in configs if c.is_plain), None)
     workloads = list(dict.fromkeys(r.workload for r in records))
     rows = []
     for workload in workloads:
         mine = [r for r in records if r.workload == workload]
         reference = ({r.prompt_id: r for r in mine if r.config == ref_label}
                      if ref_label is not None else None)
+        plain = ({r.prompt_id: r for r in mine if r.config == plain_label}
+                 if plain_label is not None else None)
         for config in configs:
             runs = [r for r in mine if r.config == config.label]
             if runs:
-                rows.append(_row(workload, config, runs, reference, ref_label))
+                rows.append(_row(workload, config, runs, reference, ref_label, plain))
     return rows
 
 
 def sweep(rows: Sequence[Row], configs: Sequence[BenchConfig]) -> list[SweepRow]:
     """Per workload and speculative proposer, the metrics by k and the best
-    static k (by speedup when a reference ran, else by tokens/s)."""
+    static k: by decode speedup when verispec's plain run is there, else by
+    speedup when a reference ran, else by tokens/s."""
     names = list(dict.fromkeys(c.name for c in configs if c.speculative))
     out = []
     for workload in dict.fromkeys(r.workload for r in rows):
@@ -143,18 +166,25 @@ def sweep(rows: Sequence[Row], configs: Sequence[BenchConfig]) -> list[SweepRow]
                            and r.kind != PEER), key=lambda r: r.k)
             if len(mine) < 2:
                 continue
-            score = [r.speedup if r.speedup is not None else r.tokens_per_s for r in mine]
+            by = next(m for m, attr in (("decode speedup", "decode_speedup"),
+                                        ("speedup", "speedup"), ("tok/s", "tokens_per_s"))
+                      if all(getattr(r, attr) is not None for r in mine))
+            attr = _SCORES[by]
+            score = [getattr(r, attr) for r in mine]
             top = max(range(len(mine)), key=score.__getitem__)
             auto = next((r for r in rows if r.workload == workload and r.name == f"{name}+auto"
                          and r.kind != PEER), None)
-            auto_score = None if auto is None else (
-                auto.speedup if mine[top].speedup is not None else auto.tokens_per_s)
+            auto_score = None if auto is None else getattr(auto, attr)
             out.append(SweepRow(workload, name, [r.k for r in mine],
                                 [r.tokens_per_s for r in mine], [r.tau for r in mine],
                                 [r.speedup for r in mine], mine[top].k, auto_score,
                                 None if auto_score is None or not score[top]
-                                else auto_score / score[top]))
+                                else auto_score / score[top],
+                                [r.decode_speedup for r in mine], by))
     return out
+
+
+_SCORES = {"decode speedup": "decode_speedup", "speedup": "speedup", "tok/s": "tokens_per_s"}
 
 
 def _f(value: float | None, fmt: str = ".2f", suffix: str = "") -> str:
@@ -215,14 +245,14 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
         for s in sweeps:
             metrics = [(m, v, f) for m, v, f in (("tok/s", s.tokens_per_s, ".1f"),
                                                  ("tau", s.tau, ".2f"),
-                                                 ("speedup", s.speedup, ".2f"))
-                       if not all(x is None for x in v)]
-            # The adaptive cells sit on the row of the metric they were scored by.
-            by = "speedup" if any(v is not None for v in s.speedup) else "tok/s"
+                                                 ("speedup", s.speedup, ".2f"),
+                                                 ("decode speedup", s.decode_speedup, ".2f"))
+                       if v and not all(x is None for x in v)]
             for metric, values, fmt in metrics:
                 by_k = dict(zip(s.ks, values))
                 cells = " | ".join(_f(by_k.get(k), fmt) for k in ks)
-                scored = metric == by
+                # The adaptive cells sit on the row of the metric they were scored by.
+                scored = metric == s.scored_by
                 tail = ""
                 if adaptive:
                     tail = (f" {_f(s.adaptive, fmt)} | {_f(s.adaptive_vs_best, '.2f', 'x')} |"
@@ -234,6 +264,10 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
                  f"{ref or '(no reference run)'}. alpha = accepted/drafted; tau = tokens per "
                  "target forward; E[tau] = (1-alpha^(k+1))/(1-alpha). = plain: runs identical to "
                  "verispec's plain loop (none) / compared; a tie is a proven near-tie.")
+    if any(s.scored_by == "decode speedup" for s in sweeps):
+        lines.append("decode speedup: median per-prompt ratio of decoding rates (prefill "
+                     "excluded; k cannot change it) over verispec's plain run; the k sweep "
+                     "picks the best static k by it.")
     for ref in dict.fromkeys(r.own_reference for r in rows if r.own_reference):
         names = ", ".join(dict.fromkeys(r.config for r in rows if r.own_reference == ref))
         lines.append(f"{names}: run the GGUF's quantized weights, not verispec's dense ones, "
@@ -249,6 +283,7 @@ def write_json(path: str | Path, records: Sequence[RunRecord], rows: Sequence[Ro
     def record(r: RunRecord) -> dict:
         d = asdict(r)
         d["tokens_per_s"] = r.tokens_per_s
+        d["decode_tokens_per_s"] = r.decode_tokens_per_s
         return d
 
     payload = {"environment": environment, "settings": settings, "notes": list(notes),

@@ -97,14 +97,26 @@ class RunRecord:
     # Per target pass, for trajectory plots: draft length asked, proposer that drafted.
     step_k: list[int] = field(default_factory=list)
     step_proposer: list[str] = field(default_factory=list)
+    step_evidence: list[int | None] = field(default_factory=list)  # evidence behind an adaptive k
     # With --repeats R: every run's wall time; `seconds` is their median. Outputs and
     # statistics are those of the first run (a seeded run repeats them exactly).
     seconds_all: list[float] = field(default_factory=list)
+    # verispec only: every run's decode time (its own total less its prefill), the part
+    # of a generation that the draft length can change.
+    decode_seconds_all: list[float] = field(default_factory=list)
     adaptive: bool = False  # the config chooses k or the proposer per step (trajectory plots)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """New tokens per second of decoding (median over repeats), prefill excluded."""
+        if not self.decode_seconds_all:
+            return None
+        seconds = statistics.median(self.decode_seconds_all)
+        return self.tokens / seconds if seconds > 0 else None
 
 
 def parse_k_list(text: str) -> list[int]:
@@ -249,6 +261,7 @@ class Runner:
                          s.drafted, s.accepted, s.target_forwards, split, list(result.token_ids),
                          step_k=[step.k for step in s.steps],
                          step_proposer=[step.proposer for step in s.steps],
+                         step_evidence=[step.evidence for step in s.steps],
                          adaptive=config.spec.adaptive or config.spec.proposer == "auto")
 
 
@@ -285,7 +298,11 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
                     bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {config.label}",
                                         refresh=False)
                     record = runner.run(prompt, config)
-                    mine.setdefault(config.label, record).seconds_all.append(record.seconds)
+                    kept = mine.setdefault(config.label, record)
+                    kept.seconds_all.append(record.seconds)
+                    if record.time_split is not None:
+                        kept.decode_seconds_all.append(
+                            record.time_split.total - record.time_split.prefill)
                     bar.update()
             for record in mine.values():
                 record.seconds = statistics.median(record.seconds_all)

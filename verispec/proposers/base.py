@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from ..acceptance import Evidence
+
 if TYPE_CHECKING:
     from ..tree import TokenTree
     from ..config import SamplingParams, SpecConfig
@@ -102,6 +104,13 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         """Up to k draft tokens continuing ctx.tokens."""
+
+    def evidence(self, ctx: DraftContext) -> Evidence | None:
+        """How well this proposer can guess at ctx, known before it drafts (n-gram
+        lookup: its matched suffix length). The adaptive controller keeps acceptance
+        per evidence key and picks k from the one at hand (verispec.policy,
+        "Evidence"). None: no such evidence."""
+        return None
 
 
 ProposerFactory = Callable[[ProposerSetup], Proposer]

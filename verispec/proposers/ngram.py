@@ -9,7 +9,16 @@ from __future__ import annotations
 import torch
 
 from ..tree import TokenTree
+from ..acceptance import Evidence
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+
+
+# First-draft acceptance by matched suffix length 0, 1, 2, 3, 4+: the share of 81k
+# positions of 600 greedy target responses to `verispec train-head`'s prompts (not
+# the bench's) where the proposal's first token was the target's next one (0.20,
+# 0.51, 0.67, 0.91; deeper drafts were then accepted 55-96% of the time). Priors
+# only: each request's own outcomes take over within a few steps.
+MATCH_PRIOR = (0.0, 0.2, 0.5, 0.65, 0.9)
 
 
 class NgramIndex:
@@ -37,6 +46,14 @@ class NgramIndex:
         for n in range(self.ngram_min, self.ngram_max + 1):
             for i in range(max(0, old - n), len(self.tokens) - n):
                 self.starts.setdefault(tuple(self.tokens[i:i + n]), []).append(i)
+
+    def longest_match(self) -> int:
+        """The longest n whose suffix n-gram occurred earlier with a continuation; 0 if none."""
+        tokens, length = self.tokens, len(self.tokens)
+        for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
+            if tuple(tokens[length - n:]) in self.starts:
+                return n
+        return 0
 
     def continuations(self, k: int, limit: int) -> list[list[int]]:
         """Up to `limit` distinct continuations of at most k tokens of the context's
@@ -85,6 +102,11 @@ class NgramProposer(Proposer):
             tree = TokenTree.from_paths(paths).trimmed(max_depth=k, max_nodes=nodes)
             return Proposal(tree.tokens, tree=tree)
         return Proposal(torch.tensor(paths[0] if paths else [], dtype=torch.long))
+
+    def evidence(self, ctx: DraftContext) -> Evidence:
+        self.index.update(ctx.tokens)
+        n = self.index.longest_match()
+        return Evidence(n, MATCH_PRIOR[min(n, len(MATCH_PRIOR) - 1)])
 
 
 @register("ngram")

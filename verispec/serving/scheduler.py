@@ -286,7 +286,7 @@ class Scheduler:
                 drafted = r.stats.drafted
                 alphas = (r.stats.accepted / drafted if drafted else 0.5,)
             else:
-                alphas = r.controller.alphas
+                alphas = r.next_alphas()
             candidates.append(Candidate(1, r.room(), alphas, fixed, slot.seconds_per_draft))
         ks = list(allocate(candidates, self.cost, self.config.margin))
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]

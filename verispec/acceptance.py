@@ -1,0 +1,123 @@
+"""Online acceptance per draft depth, for the adaptive controller (verispec.policy).
+
+alpha_i = P(draft i accepted | drafts < i accepted), from censored chain
+outcomes (d drafts, a accepted: depths 1..a succeeded, depth a + 1 failed if
+a < d). Counts are discounted (half-life in observed steps) to follow text
+that changes character, and a binomial test on the last few outcomes resets
+them at an abrupt change (ADWIN-style windowing, Bifet & Gavalda 2007), since
+forgetting alone needs several half-lives to cross a gap.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a proposer knows, before drafting, about how good its guess will be."""
+    key: int  # small integer naming the situation (n-gram lookup: matched suffix length)
+    prior_alpha: float  # first-draft acceptance to assume in it until some are measured
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    drafted: int
+    accepted: int
+    alpha_before: float  # depth-1 estimate before this outcome was counted
+
+
+def _binomial_tail(x: int, n: int, p: float) -> float:
+    """min(P(X <= x), P(X >= x)) for X ~ Binomial(n, p)."""
+    pmf = [math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(n + 1)]
+    return min(sum(pmf[: x + 1]), sum(pmf[x:]))
+
+
+class DepthAcceptance:
+    """Discounted per-depth acceptance counts with abrupt-change resets."""
+
+    def __init__(self, max_depth: int, half_life: float, prior_alpha: float,
+                 prior_strength: float, pool_strength: float, change_window: int,
+                 change_p: float) -> None:
+        self.max_depth = max_depth
+        self._gamma = 0.5 ** (1.0 / half_life)
+        self._prior_alpha, self._prior_strength = prior_alpha, prior_strength
+        self._pool = pool_strength
+        self._change_p = change_p
+        self._recent: deque[_Outcome] = deque(maxlen=change_window)
+        self._succ = np.zeros(max_depth)
+        self._fail = np.zeros(max_depth)
+        self._alphas: np.ndarray | None = None  # cached `alphas`, dropped when counts change
+        self.resets = 0  # abrupt changes detected
+        self._restart()
+
+    @property
+    def alphas(self) -> np.ndarray:
+        """Estimated alpha_i for depths 1..max_depth. Each depth is shrunk
+        toward the depth above it with `pool_strength` pseudo-observations, so
+        depths never reached inherit the deepest observed estimate. Read-only
+        and cached until the next observation: a serving step reads it for
+        every running request."""
+        if self._alphas is not None:
+            return self._alphas
+        out = np.empty(self.max_depth)
+        parent, pool = self._prior_alpha, 0.0
+        succ, counts = self._succ.tolist(), (self._succ + self._fail).tolist()
+        # Depths past the deepest one ever reached have no counts: they inherit it.
+        reached = max((i for i, n in enumerate(counts) if n > 0), default=-1) + 1
+        for i in range(reached):
+            n = counts[i]
+            parent = parent if n + pool == 0 else (succ[i] + pool * parent) / (n + pool)
+            out[i], pool = parent, self._pool
+        out[reached:] = parent
+        out.flags.writeable = False
+        self._alphas = out
+        return out
+
+    def seed(self, alpha: float, strength: float) -> None:
+        """Restart from a depth-1 prior of `alpha` worth `strength` observations."""
+        if not (0.0 <= alpha <= 1.0 and strength > 0):
+            raise ValueError(f"need 0 <= alpha <= 1 and strength > 0, got {alpha}, {strength}")
+        self._prior_alpha, self._prior_strength = alpha, strength
+        self._restart()
+
+    def add(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return  # no evidence; forgetting is per observation so k = 0 does not drift
+        self._recent.append(_Outcome(drafted, accepted, float(self.alphas[0])))
+        self._count(drafted, accepted)
+        if len(self._recent) < self._recent.maxlen:
+            return
+        # Test the window against the belief held before it began: the current
+        # estimate has already absorbed the window and would mask the change.
+        p = min(max(self._recent[0].alpha_before, 0.01), 0.99)
+        hits = sum(1 for o in self._recent if o.accepted > 0)
+        if _binomial_tail(hits, len(self._recent), p) < self._change_p:
+            # Forget the old regime; the newest half of the window is the best
+            # evidence about the new one (the older half may straddle the change).
+            self.resets += 1
+            keep = list(self._recent)[len(self._recent) // 2:]
+            self._restart()
+            self._recent.clear()
+            for o in keep:
+                self._count(o.drafted, o.accepted)
+
+    def _restart(self) -> None:
+        # The prior lives in the depth-1 counts and decays with them, so after
+        # enough evidence it leaves no floor under the estimate.
+        self._alphas = None
+        self._succ[:] = 0.0
+        self._fail[:] = 0.0
+        self._succ[0] = self._prior_alpha * self._prior_strength
+        self._fail[0] = (1.0 - self._prior_alpha) * self._prior_strength
+
+    def _count(self, drafted: int, accepted: int) -> None:
+        self._alphas = None
+        self._succ *= self._gamma
+        self._fail *= self._gamma
+        self._succ[: min(accepted, self.max_depth)] += 1.0
+        if accepted < min(drafted, self.max_depth):
+            self._fail[accepted] += 1.0
