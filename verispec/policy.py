@@ -38,9 +38,9 @@ k = 0 produces no acceptance evidence, so it must not be absorbing. Two ways out
 
 Evidence. `choose(max_k, evidence)` prices k from the acceptance of earlier
 drafts made with the same evidence. For n-gram lookup the matched suffix
-length splits steps sharply: on the bench workloads' greedy outputs a 1-token
-match had its first draft accepted 19% of the time and a 4-token match 86%,
-with deeper drafts then accepted ~90% each. One pooled estimate averages a
+length splits steps sharply (proposers/ngram.py, MATCH_PRIOR): on greedy target
+responses to the head-training prompts a 1-token match had its first draft
+accepted 20% of the time and a 4-token match 91%, deeper drafts then 55-96%. One pooled estimate averages a
 copy burst with the free writing around it and picks a middling k for both;
 per evidence, the controller drafts long inside the burst and little outside
 it, which no static k can do. A new key starts from the proposer's prior for

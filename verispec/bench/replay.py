@@ -25,10 +25,9 @@ import argparse
 import statistics
 from dataclasses import dataclass
 
-from ..acceptance import Evidence
 from ..bench.economics import CostModel
 from ..policy import AdaptiveK, StepObservation
-from ..proposers.ngram import MATCH_PRIOR, NgramIndex
+from ..proposers.ngram import NgramIndex, match_evidence
 
 STATIC_KS = (1, 2, 4, 6, 8, 10)
 
@@ -60,8 +59,7 @@ def replay(prompt: list[int], output: list[int], slope: float, k: int | None,
         room = min(k_cap if k is None else k, len(output) - done - 1)
         want = room
         if controller is not None and room > 0:
-            n = index.longest_match()
-            evidence = Evidence(n, MATCH_PRIOR[min(n, len(MATCH_PRIOR) - 1)]) if keyed else None
+            evidence = match_evidence(index.longest_match()) if keyed else None
             want = controller.choose(room, evidence)
         found = index.continuations(max(want, 1), 1)
         guess = found[0] if found else []

@@ -21,6 +21,12 @@ from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 MATCH_PRIOR = (0.0, 0.2, 0.5, 0.65, 0.9)
 
 
+
+def match_evidence(length: int) -> Evidence:
+    """The evidence of a draft whose context suffix matched `length` tokens earlier."""
+    return Evidence(length, MATCH_PRIOR[min(length, len(MATCH_PRIOR) - 1)])
+
+
 class NgramIndex:
     """Every n-gram of the committed context (ngram_min <= n <= ngram_max) that
     has a continuation, with its start positions, extended as the context grows.
@@ -105,8 +111,7 @@ class NgramProposer(Proposer):
 
     def evidence(self, ctx: DraftContext) -> Evidence:
         self.index.update(ctx.tokens)
-        n = self.index.longest_match()
-        return Evidence(n, MATCH_PRIOR[min(n, len(MATCH_PRIOR) - 1)])
+        return match_evidence(self.index.longest_match())
 
 
 @register("ngram")
