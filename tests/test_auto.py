@@ -12,6 +12,7 @@ from heads_support import trained
 from test_greedy_equality import PROMPTS, plain
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.lossless import compare_greedy
+from verispec.acceptance import Evidence
 from verispec.proposers.auto import AutoProposer, expected_tokens
 from verispec.proposers.base import DraftContext, Proposal, Proposer
 
@@ -22,10 +23,15 @@ class Scripted(Proposer):
     def __init__(self, name: str, future: list[int], good, free: bool = False) -> None:
         self.name, self.future, self.good, self.free = name, future, good, free
         self.calls = 0
+        self.asked: list[int] = []  # the draft length of each call
+        self.seconds_per_token = 0.0
         self.rows: list[int] = []  # the hidden rows it was given, by the position they stand for
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         self.calls += 1
+        self.asked.append(k)
+        if self.seconds_per_token:
+            time.sleep(self.seconds_per_token * k)
         if ctx.target_hidden:
             self.rows += ctx.target_hidden[0][:, 0].long().tolist()
         at = len(ctx.tokens)
@@ -92,6 +98,68 @@ def test_probe_interval_doubles_while_losing_and_backlog_is_bounded():
     assert model.rows == sorted(model.rows) and len(model.rows) <= 16 * model.calls
 
 
+class Telling(Scripted):
+    """A free proposer that knows before drafting whether it can guess (n-gram
+    lookup's match length): evidence key 2 where it is right, 0 where not."""
+
+    def evidence(self, ctx: DraftContext) -> Evidence:
+        good = self.good(len(ctx.tokens))
+        return Evidence(2 if good else 0, 0.9 if good else 0.0)
+
+
+def _zones(picks_at: list[tuple[int, str]], copying) -> tuple[float, float]:
+    copy = [pick for at, pick in picks_at if copying(at)]
+    free = [pick for at, pick in picks_at if not copying(at)]
+    return copy.count("ngram") / len(copy), free.count("eagle") / len(free)
+
+
+def test_evidence_keys_switch_candidates_within_one_request():
+    """Copies and free text alternate every 24 tokens. Keyed on the free
+    candidate's evidence, auto drafts each zone with the candidate that is right
+    there; one pooled alpha per candidate cannot follow zones this short."""
+    future = list(range(50)) * 40
+    copying = lambda p: (p // 24) % 2 == 0
+
+    def run(copy_proposer):
+        model = Scripted("eagle", future, lambda p: not copying(p))
+        auto = AutoProposer({"ngram": copy_proposer, "eagle": model}, probe_every=4)
+        tokens, picks_at, passes = future[:5], [], 0
+        while len(tokens) < 700:
+            proposal = auto.propose(DraftContext(list(tokens), 5, ()), 4)
+            picks_at.append((len(tokens), auto.active))
+            at, matched = len(tokens), 0
+            for guess in proposal.tokens.tolist():
+                if guess != future[at + matched]:
+                    break
+                matched += 1
+            tokens = future[:at + matched + 1]
+            passes += 1
+            time.sleep(0.002)
+        return auto, picks_at[20:], (len(tokens) - 5) / passes
+
+    keyed, picks, keyed_tau = run(Telling("ngram", future, copying, free=True))
+    copy_share, free_share = _zones(picks, copying)
+    assert copy_share >= 0.8 and free_share >= 0.8, (copy_share, free_share)
+    assert keyed.tracks["eagle"].by_key[0].alpha > 0.8 > keyed.tracks["eagle"].by_key[2].alpha
+    assert keyed.evidence(DraftContext(future[:30], 5)).key == 0
+    _, pooled_picks, pooled_tau = run(Scripted("ngram", future, copying, free=True))
+    assert keyed_tau > 1.2 * pooled_tau, (keyed_tau, pooled_tau)
+
+
+def test_each_candidate_drafts_at_its_own_best_length():
+    """The engine's k is a cap: a free candidate drafts all of it, while a costly
+    one right half the time is asked for the length that pays at its cost (a
+    draft token here costs as much as the whole target pass)."""
+    future = list(range(50)) * 40
+    copy = Scripted("ngram", future, lambda p: p % 2 == 0, free=True)
+    model = Scripted("eagle", future, lambda p: p % 2 == 1)
+    model.seconds_per_token = 0.002  # _drive's target pass sleeps as long
+    auto = AutoProposer({"ngram": copy, "eagle": model}, probe_every=2)
+    _drive(auto, future, 60, k=6)
+    assert set(copy.asked) == {6}
+    assert model.asked and max(model.asked[2:]) <= 2, model.asked
+
+
 def test_rejects_bad_probe_settings():
     with pytest.raises(ValueError, match="probe_every"):
         AutoProposer({"ngram": Scripted("ngram", [], lambda p: True)}, probe_every=9, probe_max=8)
@@ -119,3 +187,20 @@ def test_auto_keeps_greedy_output_identical(tmp_path_factory, tiny, tiny_native,
         assert comparison.identical, comparison.describe()
         names |= {step.proposer for step in got.stats.steps}
     assert names <= {"ngram", "eagle", "none"} and names & {"ngram", "eagle"}
+
+
+def test_a_named_draft_model_joins_the_candidates_and_output_stays_greedy():
+    """`--proposer auto --draft ...` also weighs the draft model (the issue's
+    candidates: ngram, eagle, draft, none); without one it is absent."""
+    from conftest import tiny_engine
+
+    engine = tiny_engine()
+    prompt = [3, 17, 4, 9, 3, 17, 4]
+    with_draft = SpecConfig("auto", k=4, draft="self:1")
+    request = engine.new_request(prompt, SamplingParams(max_new_tokens=8), with_draft)
+    assert "draft" in request.proposer.tracks
+    request = engine.new_request(prompt, SamplingParams(max_new_tokens=8), SpecConfig("auto", k=4))
+    assert "draft" not in request.proposer.tracks
+    want = plain(engine, prompt, 40)
+    got = engine.generate(prompt, SamplingParams(max_new_tokens=40), with_draft)
+    assert got.token_ids == want.token_ids

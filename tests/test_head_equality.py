@@ -69,6 +69,29 @@ def test_adaptive_k_with_heads_stays_lossless(engine, heads, kind):
             want.token_ids
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_limited_head_vocabulary_drafts_low_ids_only_and_stays_lossless(engine, target, heads,
+                                                                          kind):
+    """SpecConfig.head_vocab: the head drafts over the lowest ids of its draft
+    vocabulary only (BPE merge order), and the output is still plain greedy."""
+    folder = str(heads[f"{kind}-trained"][1])
+    limit = target.vocab_size // 4
+    spec = SpecConfig(kind, k=4, head=folder, head_vocab=limit)
+    request = engine.new_request(PROMPTS[0], SamplingParams(max_new_tokens=4), spec)
+    assert request.proposer.head.output.size == limit
+    assert request.proposer.head.output.ids.tolist() == list(range(limit))
+    drafted = 0
+    for prompt in PROMPTS:
+        want = plain(engine, prompt)
+        got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
+        comparison = compare_greedy(target, prompt, want.token_ids, got.token_ids)
+        assert comparison.identical, comparison.describe()
+        drafted += got.stats.drafted
+    assert drafted > 0
+    with pytest.raises(ValueError, match="head_vocab"):
+        SpecConfig(kind, head_vocab=-1)
+
+
 def _exact_marginals(target, prompt: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """The target's distributions of the first and second new token."""
     def next_probs(tokens):
@@ -114,6 +137,15 @@ def test_sampled_output_follows_the_target_with_heads(tmp_path, kind):
     (two per first step) are often accepted and often not."""
     runs = 2000
     counts, marginals, drafted, accepted = _sampled_counts(tmp_path, kind, runs)
+    assert drafted >= 2 * runs and 0.1 * drafted < accepted < 0.9 * drafted
+    assert _worst_pvalue(counts, marginals, runs) > 1e-3
+
+
+def test_sampled_output_follows_the_target_with_a_limited_head_vocabulary(tmp_path):
+    """Drafts over 4 of 8 tokens put zero draft probability on the others; the
+    output distribution is still the target's."""
+    runs = 2000
+    counts, marginals, drafted, accepted = _sampled_counts(tmp_path, "eagle", runs, head_vocab=4)
     assert drafted >= 2 * runs and 0.1 * drafted < accepted < 0.9 * drafted
     assert _worst_pvalue(counts, marginals, runs) > 1e-3
 

@@ -83,6 +83,27 @@ def test_resume_continues_bit_for_bit(root, tiny, tmp_path, monkeypatch):
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+def test_init_fine_tunes_from_a_head_and_keeps_its_draft_vocabulary(root, tiny, tmp_path):
+    """`train-head --init DIR` starts from DIR's weights and draft vocabulary: its
+    first step's loss is the trained head's, well below a fresh head's, and a head
+    of another shape is refused before any work."""
+    prompts = tiny_prompts(tiny.vocab_size)
+    base = trained(root, tiny, "eagle", fused=True)  # reduced draft vocabulary
+    data = root / "data"
+
+    def settings(out, **kw):
+        return dataclasses.replace(tiny_settings("eagle", out, data, steps=2, fused=True), **kw)
+
+    tuned = run_pipeline(tiny, prompts, settings(tmp_path / "tuned", init=base.folder))
+    fresh = run_pipeline(tiny, prompts, settings(tmp_path / "fresh"))
+    assert tuned.history.loss[0] < 0.8 * fresh.history.loss[0]
+    assert torch.equal(tuned.draft_vocab, base.draft_vocab)
+    assert tuned.config.training["init"] == str(base.folder)
+    with pytest.raises(ValueError, match="not shaped like"):
+        run_pipeline(tiny, prompts, settings(tmp_path / "other",
+                                             init=trained(root, tiny, "eagle").folder))
+
+
 def test_continuous_batching_answers_like_one_by_one(tiny, tiny_native, tmp_path):
     """The batched decoder (native: forward_batch, slots refilled as requests
     finish) writes the same greedy responses as the engine run per prompt."""
@@ -224,6 +245,47 @@ def test_steps_that_draft_nothing_still_reach_the_eagle_head(root, tiny):
     assert request.proposer.real_rows == len(request.tokens) - 1
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_held_out_evaluation_drafts_what_the_proposer_drafts(root, tiny, kind):
+    """verispec.training.evaluate scores every anchor of an answer in one batched
+    pass; at each anchor its chain is what the proposer drafts from that context
+    up to the first draft greedy verification rejects (EAGLE's training forward
+    feeds the answer's tokens, the proposer its own drafts: they part only after
+    a rejected one; test_eagle_drafting_agrees_with_the_training_forward covers
+    the deeper rows), and its accepted length is the chain's leading match."""
+    from test_greedy_equality import PROMPTS
+    from verispec.proposers.medusa import MedusaProposer
+    from verispec.training.evaluate import Answer, HeadDrafts, accepted_lengths
+
+    folder = trained(root, tiny, kind).folder
+    head = load_head(folder, kind, tiny)
+    drafter = HeadDrafts(str(folder), tiny)
+    proposer_type = EagleProposer if kind == "eagle" else MedusaProposer
+    accepted = 0
+    for prompt in PROMPTS:
+        tokens = prompt + Engine(tiny).generate(prompt, SamplingParams(max_new_tokens=16),
+                                                SpecConfig("none", k=0)).token_ids
+        hidden, top, _ = teacher_force(tiny, tokens, head.hidden_layers, 1)
+        answer = Answer("t", torch.tensor(tokens), len(prompt), tuple(hidden), top[:, 0].long())
+        chains = drafter.chains(answer, 3)
+        lengths = accepted_lengths(chains, answer)
+        anchors = range(max(0, len(prompt) - 1), len(tokens) - 4)
+        assert len(lengths) == len(anchors)
+        for a, length in zip(anchors, lengths):
+            proposer = proposer_type(head, SamplingParams(), make_generator(0), frozenset())
+            rows = tuple(h[:a + 1].float() for h in hidden)
+            drafted = proposer.propose(DraftContext(tokens[:a + 2], len(prompt), rows), 3)
+            matched = 0
+            while matched < 3 and chains[a, matched] == tokens[a + 2 + matched]:
+                matched += 1
+            assert length == matched
+            same = 3 if kind == "medusa" else min(matched + 1, 3)
+            assert drafted.tokens.tolist()[:same] == chains[a, :same].tolist()
+            accepted += matched
+    if kind == "medusa":
+        assert accepted > 0  # the tiny EAGLE head accepts next to nothing here
+
+
 def test_typical_acceptance_thresholds():
     vocab = 6
     flat = torch.full((vocab,), 1 / vocab)  # entropy log 6: threshold min(0.09, 0.3 / 6) = 0.05
@@ -259,6 +321,9 @@ def test_cli_flags_reach_the_spec():
                                       "--head", "/some/dir", "--lossy-typical"])
     spec = spec_from(args)
     assert (spec.proposer, spec.head, spec.lossy_typical) == ("eagle", "/some/dir", True)
+    assert spec.head_vocab == SpecConfig.head_vocab == 8192
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--head-vocab", "0"])
+    assert spec_from(args).head_vocab == 0
     args = build_parser().parse_args(["train-head", "--type", "medusa", "--out", "x"])
     assert (args.head_type, args.tokens, args.steps, args.resume) == ("medusa", 100000, 500, False)
 

@@ -46,7 +46,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proposer", default="ngram", choices=available(),
                    help="who guesses the next tokens: ngram (prompt lookup, free), "
                         "draft (a small model or self:L), eagle / medusa (trained heads on the "
-                        "target's hidden states), none (plain decoding)")
+                        "target's hidden states), auto (each step the candidate that pays best, "
+                        "keyed on n-gram lookup's match length: ngram, the shipped heads, the "
+                        "--draft model if given, or none), none (plain decoding)")
     p.add_argument("--k", default="auto",
                    help="draft tokens per target pass; 0 = plain decoding; auto (default) = "
                         "choose k each step to maximize tokens/s, capped by --k-max")
@@ -78,6 +80,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", default=None,
                    help="for --proposer eagle|medusa: a head directory from `verispec train-head` "
                         "(default: the head shipped for the default model)")
+    p.add_argument("--head-vocab", type=int, default=None,
+                   help="heads draft over at most this many tokens, the lowest ids of the head's "
+                        "draft vocabulary (frequent first in BPE); a smaller LM-head product per "
+                        "draft token; 0 = all of it (default: SpecConfig.head_vocab, 8192)")
     p.add_argument("--lossy-typical", action="store_true",
                    help="sampling only: Medusa's typical acceptance instead of rejection sampling; "
                         "LOSSY (output no longer follows the model), marked so in the stats")
@@ -115,11 +121,12 @@ def spec_from(args):
         tree = args.tree_max if tree_auto else int(args.tree)
     except ValueError:
         raise CliError(f"--tree takes a whole number or auto, got {args.tree!r}") from None
+    head_vocab = SpecConfig.head_vocab if args.head_vocab is None else args.head_vocab
     return SpecConfig(proposer=args.proposer, k=k, draft=args.draft, adaptive=adaptive, tree=tree,
                       tree_auto=tree_auto,
                       tree_shape=args.tree_shape, tree_branch=args.tree_branch,
                       profile=args.profile, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-                      head=args.head, lossy_typical=args.lossy_typical)
+                      head=args.head, head_vocab=head_vocab, lossy_typical=args.lossy_typical)
 
 
 def _read_prompt(args) -> str:

@@ -53,6 +53,8 @@ class SpecConfig:
     ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
     ngram_max: int = 4  # longest suffix it tries first
     head: str | None = None  # for proposer=eagle|medusa: a head directory; None = the shipped one
+    head_vocab: int = 8192  # heads draft over at most this many tokens: the lowest ids of the
+    # head's draft vocabulary (BPE numbers tokens in merge order, frequent first); 0 = all
     lossy_typical: bool = False  # sampled runs: Medusa typical acceptance, LOSSY (Cai et al. 2024)
     extra: dict = field(default_factory=dict, compare=False)  # proposer-specific options
 
@@ -67,6 +69,9 @@ class SpecConfig:
         if self.tree_auto and not (self.adaptive and self.tree):
             raise ValueError("tree_auto chooses a node budget up to `tree` together with k: "
                              "it needs adaptive=True and tree > 0 (the cap)")
+        if self.head_vocab < 0:
+            raise ValueError(f"head_vocab must be >= 0 (0 = the head's whole draft vocabulary), "
+                             f"got {self.head_vocab}")
         if self.tree_branch < 1:
             raise ValueError(f"tree_branch must be >= 1, got {self.tree_branch}")
         if not 1 <= self.ngram_min <= self.ngram_max:

@@ -28,15 +28,19 @@ from .format import HeadConfig
 from .packing import PackedLinears
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """RoPE on [..., n, heads, head_dim] at integer `positions` [n], in float32."""
-    head_dim = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=x.device).float() / head_dim)
-    angles = positions.to(x.device).float()[:, None] * inv_freq[None]  # [n, head_dim / 2]
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, [n, 1, head_dim] float32, at integer `positions` [n]."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    angles = positions.to(device).float()[:, None] * inv_freq[None]  # [n, head_dim / 2]
     angles = torch.cat((angles, angles), dim=-1)[:, None]  # [n, 1, head_dim]
-    cos, sin = angles.cos(), angles.sin()
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [..., n, heads, head_dim] with rope_tables' cos and sin, in float32."""
     xf = x.float()
-    half = head_dim // 2
+    half = x.shape[-1] // 2
     rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
     return (xf * cos + rotated * sin).to(x.dtype)
 
@@ -104,6 +108,7 @@ class EagleHead(nn.Module, PackedLinears):
         self.mlp_norm = nn.Parameter(torch.ones(h))
         self.gate_up = nn.Linear(h, 2 * config.intermediate_size, bias=False)
         self.down = nn.Linear(config.intermediate_size, h, bias=False)
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # not in state_dict
 
     def pack(self) -> None:
         """Inference in bf16 on CPU: packed kernels for step() (see packing.py)."""
@@ -126,8 +131,22 @@ class EagleHead(nn.Module, PackedLinears):
         qkv = self.linear("qkv", self._norm(x, self.attn_norm))
         qkv = qkv.view(*qkv.shape[:-1], self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=-2)
-        theta = self.config.rope_theta
-        return x, apply_rope(q, positions, theta), apply_rope(k, positions, theta), v
+        cos, sin = self._rope(positions)
+        return x, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of a table grown on demand: a draft step then indexes instead of
+        recomputing the angles (a tenth of its time at one row). Every entry is
+        elementwise in its position, so a row equals rope_tables at that position."""
+        positions = positions.to(self.fc.weight.device)
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        cache = self._rope_cache
+        if cache is None or cache[0].shape[0] < need or cache[0].device != positions.device:
+            size = max(need, 2 * (0 if cache is None else cache[0].shape[0]), 512)
+            self._rope_cache = rope_tables(torch.arange(size), self.head_dim,
+                                           self.config.rope_theta, positions.device)
+        cos, sin = self._rope_cache
+        return cos[positions], sin[positions]
 
     def _finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         x = x + self.linear("o", attended)

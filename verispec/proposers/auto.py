@@ -1,8 +1,9 @@
 """`auto`: per request, draft with whichever proposer is paying best right now.
 
 Candidates are ngram (free), eagle and medusa (when a trained head matches the
-target) and plain decoding. Each step picks the candidate with the highest
-expected goodput, E[tokens per pass] / (draft time + verify time), from:
+target), a draft model (when `SpecConfig.draft` names one) and plain decoding. Each step picks the candidate, and its draft
+length up to the engine's k, with the highest expected goodput,
+E[tokens per pass] / (draft time + verify time), from:
 
 - alpha, per candidate: a discounted count of drafts that matched what the
   target then committed over drafts that could have. It is scored for every
@@ -10,9 +11,10 @@ expected goodput, E[tokens per pass] / (draft time + verify time), from:
   every step; a costly candidate that is not chosen is probed (asked for a
   guess and re-scored) after `probe_every` steps, an interval that doubles up
   to `probe_max` each time a probe loses and returns to `probe_every` when the
-  choice changes. A change in the text's character (copying a document, then
-  free writing) changes the choice within a few steps, and probes then come
-  fast again; a candidate that keeps losing costs ~1/probe_max of its drafts.
+  choice changes under one evidence key (below). A change in the text's
+  character (copying a document, then free writing) changes the choice within
+  a few steps, and probes then come fast again; a candidate that keeps losing
+  costs ~1/probe_max of its drafts.
 - draft time per token per candidate and the verify time, both measured.
 
 A costly candidate that is not probed is not called at all: the target's
@@ -20,6 +22,18 @@ hidden rows it would read wait in its `HeldRows` and reach it in one call
 before its next probe. An EAGLE head then runs one step
 over many rows instead of one small step per target pass, which is what kept
 it scored for ~15% of the time on the `mixed` workload before.
+
+Alpha is kept per evidence key as well as pooled. A free candidate that knows
+how good its guess will be before drafting (n-gram lookup: its matched suffix
+length, `Proposer.evidence`) names the situation of every step, and each
+candidate's outcomes are counted under that key too. On held-out target text
+the key separates the candidates cleanly (`python -m verispec.training.evaluate
+--by-key`, docs/heads.md): after a 0- or 1-token match the shipped EAGLE head's
+5-token chains gave 1.46-1.81 tokens per pass and n-gram lookup's 1.00-1.47;
+after a longer match n-gram lookup gave 2.23-5.10 and the head 1.29-1.96. So
+within one answer `auto` copies with n-gram lookup and writes freely with the
+head, step by step, instead of backing one candidate for the whole request.
+`auto` passes the same evidence on to the engine's adaptive k.
 
 Expected tokens per pass for k drafts at per-token acceptance alpha is
 (1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023). Scoring by matching
@@ -33,19 +47,44 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from ..acceptance import Evidence
 from .base import DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, build, register
 
-CANDIDATES = ("ngram", "eagle", "medusa")
+CANDIDATES = ("ngram", "eagle", "medusa", "draft")  # each where it can be built
+
+
+KEY_PRIOR_STRENGTH = 2.0  # pseudo-outcomes a new key's counts start from, decayed like real ones
+
+
+@dataclass
+class Tally:
+    """Discounted matched drafts over discounted first mismatches: alpha per token.
+    The start (1, 1) is a prior of alpha 0.5 that fades as outcomes arrive."""
+    accepted: float = 1.0
+    rejected: float = 1.0
+
+    @staticmethod
+    def seeded(alpha: float) -> "Tally":
+        return Tally(KEY_PRIOR_STRENGTH * alpha, KEY_PRIOR_STRENGTH * (1.0 - alpha))
+
+    def add(self, matched: int, missed: bool, decay: float) -> None:
+        self.accepted = decay * self.accepted + matched
+        self.rejected = decay * self.rejected + missed
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / max(self.accepted + self.rejected, 1e-9)
 
 
 @dataclass
 class Track:
     """What `auto` knows about one candidate in this request."""
     proposer: Proposer
-    accepted: float = 1.0  # discounted matched drafts (prior: alpha 0.5 until data)
-    rejected: float = 1.0  # discounted first mismatches
+    pooled: Tally = field(default_factory=Tally)  # every outcome (prior: alpha 0.5 until data)
+    by_key: dict[int, Tally] = field(default_factory=dict)  # outcomes under each evidence key
     draft_seconds: float = 0.0  # per drafted token, running mean
     pending: list[int] = field(default_factory=list)  # its last guess, awaiting the verdict
+    pending_key: int | None = None  # the evidence key the guess was made under
     chosen_steps: int = 0
     interval: int = 8  # steps between probes while not chosen
     next_probe: int = 0  # the step of its next probe
@@ -53,7 +92,18 @@ class Track:
 
     @property
     def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+        return self.pooled.alpha
+
+    def prior(self, evidence: Evidence, own: bool) -> float:
+        """A new key starts from the evidence's own rate for the candidate that gave
+        it (`own`), and from the pooled alpha for the others."""
+        return evidence.prior_alpha if own else self.alpha
+
+    def alpha_at(self, evidence: Evidence | None, own: bool) -> float:
+        if evidence is None:
+            return self.alpha
+        tally = self.by_key.get(evidence.key)
+        return self.prior(evidence, own) if tally is None else tally.alpha
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -84,10 +134,38 @@ class AutoProposer(Proposer):
         self._last_call: float | None = None
         self._verify_seconds = 0.0  # per target pass, running mean
         self._steps = 0
+        self._best_by_key: dict[int | None, str] = {}
+        self._evidence: Evidence | None = None
+        self._evidence_from: str | None = None  # the candidate that gave it
+        self._evidence_at: tuple | None = None  # the step it was computed for
 
     @property
     def active(self) -> str:
         return self.choice
+
+    def evidence(self, ctx: DraftContext) -> Evidence | None:
+        """The evidence of the first free candidate that gives any (n-gram lookup's
+        match length), with the best rate any candidate has shown under its key as
+        the prior: the engine's adaptive k keys its own acceptance on it, and
+        starts a new key from what `auto` expects to draft there."""
+        found = self._evidence_for(ctx)
+        if found is None:
+            return None
+        best = max(track.alpha_at(found, name == self._evidence_from)
+                   for name, track in self.tracks.items())
+        return Evidence(found.key, best)
+
+    def _evidence_for(self, ctx: DraftContext) -> Evidence | None:
+        # Every step commits at least one token, so the length names the step.
+        at = (len(ctx.tokens), ctx.tokens[-1] if ctx.tokens else None)
+        if self._evidence_at != at:
+            self._evidence_at, self._evidence, self._evidence_from = at, None, None
+            for name, track in self.tracks.items():
+                found = track.proposer.evidence(ctx) if track.proposer.free else None
+                if found is not None:
+                    self._evidence, self._evidence_from = found, name
+                    break
+        return self._evidence
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         now = time.perf_counter()
@@ -96,16 +174,28 @@ class AutoProposer(Proposer):
             self._verify_seconds = _mean(self._verify_seconds, now - self._last_call, self._steps)
         self._score(ctx.tokens)
         self._steps += 1
+        evidence = self._evidence_for(ctx)
+        key = None if evidence is None else evidence.key
         best, best_rate = "none", 1.0 / max(self._verify_seconds, 1e-6)
+        lengths = {}
         for name, track in self.tracks.items():
-            rate = expected_tokens(track.alpha, k) / max(
-                self._verify_seconds + k * track.draft_seconds, 1e-6)
+            alpha = track.alpha_at(evidence, name == self._evidence_from)
+            if track.proposer.free:
+                # Its cost is per call, not per token: it drafts the whole cap.
+                lengths[name] = max(k, 1)
+                rate = expected_tokens(alpha, lengths[name]) / max(
+                    self._verify_seconds + lengths[name] * track.draft_seconds, 1e-6)
+            else:
+                lengths[name], rate = self._best_length(alpha, track.draft_seconds, max(k, 1))
             if k > 0 and rate > best_rate:
                 best, best_rate = name, rate
-        if best != self.choice:
+        # Probes come fast again when the winner changes in a known situation (the
+        # text changed character); choices that differ between keys are expected.
+        if best != self._best_by_key.get(key, best):
             for track in self.tracks.values():
                 track.interval = self.probe_every
                 track.next_probe = min(track.next_probe, self._steps + self.probe_every)
+        self._best_by_key[key] = best
         chosen = Proposal.empty()
         for name, track in self.tracks.items():
             probe = name != best and not track.proposer.free and self._steps >= track.next_probe
@@ -118,7 +208,7 @@ class AutoProposer(Proposer):
                 # chosen next step (its alpha rose), which resets the intervals.
                 track.next_probe = self._steps + track.interval
                 track.interval = min(2 * track.interval, self.probe_max)
-            want = max(k, 1)
+            want = lengths[name]
             start = time.perf_counter()
             caught_up = dataclasses.replace(ctx, target_hidden=track.held.release(ctx.target_hidden))
             proposal = track.proposer.propose(caught_up, want)
@@ -127,6 +217,9 @@ class AutoProposer(Proposer):
                                             (time.perf_counter() - start) / len(proposal),
                                             track.chosen_steps + 1)
             track.pending = proposal.tokens.tolist()
+            track.pending_key = key
+            if evidence is not None and key not in track.by_key:
+                track.by_key[key] = Tally.seeded(track.prior(evidence, name == self._evidence_from))
             if name == best:
                 track.chosen_steps += 1
                 chosen = proposal if k > 0 else Proposal.empty()
@@ -134,8 +227,20 @@ class AutoProposer(Proposer):
         self._last_call = time.perf_counter()
         return chosen
 
+    def _best_length(self, alpha: float, draft_seconds: float, k: int) -> tuple[int, float]:
+        """The draft length <= k with the highest expected goodput for a costly
+        candidate, and that goodput. The engine's k is a cap: it prices one draft
+        cost for the request, while a head's draft token costs ~10% of a target
+        pass here (one head step each), so each candidate gets its own length."""
+        verify = self._verify_seconds
+        rates = [(expected_tokens(alpha, n) / max(verify + n * draft_seconds, 1e-6), n)
+                 for n in range(1, k + 1)]
+        rate, n = max(rates)
+        return n, rate
+
     def _score(self, tokens: list[int]) -> None:
-        """Credit each candidate's last guess with the tokens committed since."""
+        """Credit each candidate's last guess with the tokens committed since,
+        pooled and under the evidence key it was made under."""
         new = tokens[self._seen:]
         if self._seen:
             for track in self.tracks.values():
@@ -146,8 +251,10 @@ class AutoProposer(Proposer):
                     if guess != actual:
                         break
                     matched += 1
-                track.accepted = self.decay * track.accepted + matched
-                track.rejected = self.decay * track.rejected + (matched < len(track.pending))
+                missed = matched < len(track.pending)
+                track.pooled.add(matched, missed, self.decay)
+                if track.pending_key in track.by_key:
+                    track.by_key[track.pending_key].add(matched, missed, self.decay)
                 track.pending = []
         self._seen = len(tokens)
 
@@ -164,10 +271,11 @@ def _mean(old: float, value: float, count: int) -> float:
 def _build(setup: ProposerSetup) -> Proposer:
     candidates: dict[str, Proposer] = {}
     for name in CANDIDATES:
-        spec = dataclasses.replace(setup.spec, proposer=name, tree=0)
         try:
+            spec = dataclasses.replace(setup.spec, proposer=name, tree=0)
             candidates[name] = build(dataclasses.replace(setup, spec=spec))
         except ValueError:
-            # No head trained for this target: the candidate is simply absent.
+            # No head trained for this target, or no draft model named: the
+            # candidate is simply absent.
             continue
     return AutoProposer(candidates)

@@ -81,7 +81,7 @@ class MedusaProposer(Proposer):
 
 @register("medusa")
 def _build(setup: ProposerSetup) -> Proposer:
-    head = load_head(setup.spec.head, "medusa", setup.target)
+    head = load_head(setup.spec.head, "medusa", setup.target, setup.spec.head_vocab)
     eos = setup.target.eos_token_ids
     return MedusaProposer(head, setup.sampling, setup.generator, eos,
                           TreeShape.from_spec(setup.spec, setup.sampling, eos))

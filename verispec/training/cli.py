@@ -10,6 +10,8 @@ EPILOG = """examples:
   verispec train-head --type eagle --target default --out runs/eagle --tokens 100000 --steps 500
   verispec train-head --type medusa --target default --out runs/medusa --data runs/eagle/data
   verispec train-head ... --resume        # continue an interrupted run from its checkpoint
+  verispec train-head --type eagle --out runs/ft --init verispec/heads/shipped/eagle-smollm2-135m \
+      --seed 1 --steps 300 --lr 2e-4       # fine-tune a head on new responses
 
 Phases: the target answers prompts built from installed material (responses,
 cached in DIR/data), one teacher-forced pass records its hidden states and
@@ -35,6 +37,9 @@ def add_subcommands(sub) -> None:
     p.add_argument("--data", default=None, help="where responses and features are cached "
                                                 "(default DIR/data; share it between head types)")
     p.add_argument("--export", default=None, help="also copy the finished head files here")
+    p.add_argument("--init", default=None,
+                   help="start from this head's weights and draft vocabulary, e.g. to fine-tune "
+                        "a shipped head on new data (same --type and shape)")
     p.add_argument("--fused", action="store_true",
                    help="eagle: read low, middle and high target layers (EAGLE-3 style)")
     p.add_argument("--draft-vocab", type=int, default=0,
@@ -117,7 +122,8 @@ def cmd_train_head(args) -> int:
                             unroll=args.unroll, seed=args.seed),
         data=Path(args.data) if args.data else None, fused=args.fused,
         draft_vocab=args.draft_vocab, num_medusa=args.medusa_heads, resume=args.resume,
-        export=Path(args.export) if args.export else None, progress=not args.no_progress)
+        export=Path(args.export) if args.export else None, progress=not args.no_progress,
+        init=Path(args.init) if args.init else None)
     others = _other_fingerprints(args.target, loaded.backend, loaded.target.dtype)
     command = "verispec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     result = run_pipeline(loaded.target, prompts, settings, others, target_name=args.target,

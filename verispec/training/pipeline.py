@@ -42,6 +42,7 @@ class PipelineSettings:
     num_medusa: int = 4
     medusa_layers: int = 1
     resume: bool = False
+    init: Path | None = None  # start from this head's weights and draft vocabulary (fine-tuning)
     export: Path | None = None  # also copy the finished head files here
     progress: bool = True
 
@@ -127,13 +128,20 @@ def run_pipeline(target: TargetModel, prompts: Sequence[PromptIds], settings: Pi
                         target_name or target.name, feature_layers, settings.num_medusa,
                         settings.medusa_layers, settings.draft_vocab)
     layers = sorted(set(feature_layers) | {info.num_layers})
+    init = _initial_head(settings.init, config, target) if settings.init else None
     sequences = prepare_data(target, prompts, settings, layers)
-    draft_vocab = choose_draft_vocab(sequences, settings.draft_vocab, info.vocab_size,
-                                     sorted(target.eos_token_ids))
+    if init is not None:
+        # The head's outputs are scored over its own draft vocabulary; keep it.
+        draft_vocab = init.draft_vocab
+    else:
+        draft_vocab = choose_draft_vocab(sequences, settings.draft_vocab, info.vocab_size,
+                                         sorted(target.eos_token_ids))
     config.draft_vocab_size = 0 if draft_vocab is None else int(draft_vocab.numel())
     trainer = HeadTrainer(config, target_parts(target), sequences, settings.train, draft_vocab)
     if settings.resume and (out / CHECKPOINT).exists():
         trainer.load_checkpoint(out)
+    elif init is not None:
+        trainer.module.load_state_dict({k: v.float() for k, v in init.state.items()})
     train = settings.train
     with _bar(settings.progress, total=train.steps, initial=trainer.step,
               desc=f"train {settings.kind}", unit="step") as bar:
@@ -152,6 +160,7 @@ def run_pipeline(target: TargetModel, prompts: Sequence[PromptIds], settings: Pi
     trainer.save_checkpoint(out)
     config.training = {
         "command": command, "steps": trainer.step, "sequences": len(sequences),
+        "init": str(settings.init) if settings.init else None,
         "positions": sum(len(s.tokens) for s in sequences),
         "response_tokens": sum(len(s.tokens) - s.num_prompt for s in sequences),
         "settings": asdict(train), "generation": asdict(settings.generation),
@@ -168,6 +177,26 @@ def run_pipeline(target: TargetModel, prompts: Sequence[PromptIds], settings: Pi
             if (out / name).exists():
                 shutil.copy2(out / name, settings.export / name)
     return TrainResult(config, out, trainer.history, plot, trainer.module.eval(), draft_vocab)
+
+
+# Fields of a head's shape: a head to fine-tune from must match the new one in all of them.
+_SHAPE_FIELDS = ("type", "hidden_size", "vocab_size", "num_target_layers", "feature_layers",
+                 "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "num_medusa",
+                 "medusa_layers")
+
+
+def _initial_head(folder: Path, config: HeadConfig, target: TargetModel):
+    """The head `--init` names, checked against the target and the head being trained."""
+    from ..heads.format import check_target, read_head
+
+    stored = read_head(folder)
+    check_target(stored.config, target, where=f"--init {folder}")
+    differ = [f"{name} {getattr(stored.config, name)} != {getattr(config, name)}"
+              for name in _SHAPE_FIELDS if getattr(stored.config, name) != getattr(config, name)]
+    if differ:
+        raise ValueError(f"--init {folder} is not shaped like the head being trained: "
+                         + "; ".join(differ) + " (match --type, --fused and --medusa-heads)")
+    return stored
 
 
 def _tail_mean(values: Sequence[float], window: int = 50) -> float | None:
