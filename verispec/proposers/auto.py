@@ -180,13 +180,7 @@ class AutoProposer(Proposer):
         lengths = {}
         for name, track in self.tracks.items():
             alpha = track.alpha_at(evidence, name == self._evidence_from)
-            if track.proposer.free:
-                # Its cost is per call, not per token: it drafts the whole cap.
-                lengths[name] = max(k, 1)
-                rate = expected_tokens(alpha, lengths[name]) / max(
-                    self._verify_seconds + lengths[name] * track.draft_seconds, 1e-6)
-            else:
-                lengths[name], rate = self._best_length(alpha, track.draft_seconds, max(k, 1))
+            lengths[name], rate = self._best_length(alpha, track, max(k, 1))
             if k > 0 and rate > best_rate:
                 best, best_rate = name, rate
         # Probes come fast again when the winner changes in a known situation (the
@@ -227,14 +221,16 @@ class AutoProposer(Proposer):
         self._last_call = time.perf_counter()
         return chosen
 
-    def _best_length(self, alpha: float, draft_seconds: float, k: int) -> tuple[int, float]:
-        """The draft length <= k with the highest expected goodput for a costly
-        candidate, and that goodput. The engine's k is a cap: it prices one draft
-        cost for the request, while a head's draft token costs ~10% of a target
-        pass here (one head step each), so each candidate gets its own length."""
-        verify = self._verify_seconds
-        rates = [(expected_tokens(alpha, n) / max(verify + n * draft_seconds, 1e-6), n)
-                 for n in range(1, k + 1)]
+    def _best_length(self, alpha: float, track: Track, k: int) -> tuple[int, float]:
+        """The draft length <= k with the highest expected goodput for a candidate,
+        and that goodput. The engine's k is a cap: it prices one draft cost for
+        the request, while a head's draft token costs ~10% of a target pass here
+        (one head step each). A free candidate's cost is per call, not per token,
+        so it drafts the whole cap."""
+        verify, per_token = self._verify_seconds, track.draft_seconds
+        lengths = [k] if track.proposer.free else range(1, k + 1)
+        rates = [(expected_tokens(alpha, n) / max(verify + n * per_token, 1e-6), n)
+                 for n in lengths]
         rate, n = max(rates)
         return n, rate
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..heads.format import read_head
 from ..heads.runtime import build_module
 from ..heads.target_parts import target_parts
+from ..proposers.draft import common_prefix
 from ..proposers.ngram import NgramIndex
 from .features import teacher_force
 
@@ -125,12 +126,7 @@ def ngram_lengths(answer: Answer, k: int) -> tuple[list[int], list[int]]:
         index.update(tokens[:a + 2])
         keys.append(min(index.longest_match(), 4))
         guess = (index.continuations(k, 1) or [[]])[0]
-        matched = 0
-        for g, actual in zip(guess, tokens[a + 2:]):
-            if g != actual:
-                break
-            matched += 1
-        lengths.append(matched)
+        lengths.append(common_prefix(guess, tokens[a + 2:a + 2 + len(guess)]))
     return keys, lengths
 
 
