@@ -233,6 +233,11 @@ def test_proposer_modifiers():
     assert proposer_spec("self:4+auto", 3, None).draft == "self:4"
     with pytest.raises(ValueError, match="unknown modifier"):
         proposer_spec("ngram+fast", 4, None)
+    spec = proposer_spec("eagle+head=runs/new+tree=8", 5, None)
+    assert (spec.proposer, spec.head, spec.tree) == ("eagle", "runs/new", 8)
+    assert proposer_spec("medusa", 5, None).head is None  # the shipped head
+    with pytest.raises(ValueError, match="trained-head proposer"):
+        proposer_spec("ngram+head=runs/new", 4, None)
 
 
 def test_replay_reproduces_the_engine_and_scores_k_without_a_clock(engine):

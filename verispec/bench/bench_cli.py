@@ -242,8 +242,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--proposer", default="none,ngram",
                        help="comma list: none, ngram, self:L, draft, or a registered name, "
                             "each with optional +tree=N (token tree), +tree=auto (tree budget "
-                            "and depth chosen per step) or +auto (adaptive k), e.g. "
-                            "ngram+tree=16,ngram+auto,eagle+tree=auto (default none,ngram)")
+                            "and depth chosen per step), +auto (adaptive k) or, for eagle and "
+                            "medusa, +head=DIR (a trained head other than the shipped one), "
+                            "e.g. ngram+tree=16,ngram+auto,eagle+tree=auto,eagle+head=runs/eagle "
+                            "(default none,ngram)")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per target pass (default 4)")
     bench.add_argument("--sweep-k", default=None, metavar="RANGE",
                        help="also run each speculative proposer at every k: 1..10 or 1,2,4,8 "

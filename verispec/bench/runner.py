@@ -142,12 +142,17 @@ def parse_k_list(text: str) -> list[int]:
     return sorted(values)
 
 
+HEAD_PROPOSERS = ("eagle", "medusa")  # the proposers that read a head directory
+
+
 def proposer_spec(token: str, k: int, draft: str | None) -> SpecConfig:
     """The SpecConfig a command-line proposer token stands for: a name
     (none, ngram, self:L, draft, ...) with optional modifiers `+tree=N` (a token
     tree of N nodes), `+tree=k` (a tree of as many nodes as k, depth <= k: tree
     against chain at equal nodes in a k sweep), `+tree=auto` (node budget and
-    depth chosen per step, up to 32 nodes) and `+auto` (adaptive k, capped at k)."""
+    depth chosen per step, up to 32 nodes), `+auto` (adaptive k, capped at k) and, for
+    the trained heads, `+head=DIR` (that head instead of the shipped one, so two heads
+    run side by side: eagle,eagle+head=runs/new)."""
     name, *modifiers = token.split("+")
     spec = _base_spec(name, k, draft)
     for modifier in modifiers:
@@ -159,9 +164,14 @@ def proposer_spec(token: str, k: int, draft: str | None) -> SpecConfig:
             spec = replace(spec, tree=k)  # as many nodes as the chain at this k drafts
         elif modifier.startswith("tree=") and modifier[5:].isdigit():
             spec = replace(spec, tree=int(modifier[5:]))
+        elif modifier.startswith("head=") and modifier[5:]:
+            if name not in HEAD_PROPOSERS:
+                raise ValueError(f"proposer {token!r}: +head= needs a trained-head proposer "
+                                 f"({', '.join(HEAD_PROPOSERS)})")
+            spec = replace(spec, head=modifier[5:])
         else:
             raise ValueError(f"proposer {token!r}: unknown modifier {modifier!r}; "
-                             "use +auto, +tree=N, +tree=k or +tree=auto")
+                             "use +auto, +tree=N, +tree=k, +tree=auto or +head=DIR")
     return spec
 
 

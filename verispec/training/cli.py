@@ -12,6 +12,8 @@ EPILOG = """examples:
   verispec train-head ... --resume        # continue an interrupted run from its checkpoint
   verispec train-head --type eagle --out runs/ft --init verispec/heads/shipped/eagle-smollm2-135m \
       --seed 1 --steps 300 --lr 2e-4       # fine-tune a head on new responses
+  verispec train-head --type eagle --out runs/own --self-prompts 1 --extra-data runs/eagle/data
+      # the target writes its own requests (Magpie); train on those and an older cache
 
 Phases: the target answers prompts built from installed material (responses,
 cached in DIR/data), one teacher-forced pass records its hidden states and
@@ -37,6 +39,13 @@ def add_subcommands(sub) -> None:
     p.add_argument("--data", default=None, help="where responses and features are cached "
                                                 "(default DIR/data; share it between head types)")
     p.add_argument("--export", default=None, help="also copy the finished head files here")
+    p.add_argument("--extra-data", nargs="+", default=[], metavar="DIR",
+                   help="also train on the responses cached in these data dirs (other runs' "
+                        "--data, same target weights); features for this head's layers are "
+                        "computed there once if missing")
+    p.add_argument("--self-prompts", type=float, default=0.0, metavar="SHARE",
+                   help="share (0-1) of training prompts the target writes itself, Magpie style: "
+                        "far more varied than the installed material; 0 = none (default)")
     p.add_argument("--init", default=None,
                    help="start from this head's weights and draft vocabulary, e.g. to fine-tune "
                         "a shipped head on new data (same --type and shape)")
@@ -95,10 +104,49 @@ def encode_prompts(tokenizer, prompts) -> list:
     return out
 
 
+def _training_prompts(args, loaded, data: Path) -> list:
+    """Built prompts, with `--self-prompts` of them written by the target, interleaved
+    so that any prefix the token budget reaches holds both in proportion."""
+    import math
+
+    from .material import build_prompts
+
+    share = args.self_prompts
+    # About 150 tokens per built prompt's response; spare prompts cover early EOS. The
+    # target's own requests are mostly open-ended and answered at length.
+    built = build_prompts(max(32, round((1 - share) * args.tokens / 60)), args.seed) \
+        if share < 1 else []
+    if not share:
+        return built
+    from tqdm.auto import tqdm
+
+    from .self_prompts import SelfPromptSettings, self_prompts
+
+    wanted = max(8, math.ceil(share * args.tokens / 120))
+    with tqdm(total=wanted, desc="self prompts", unit="prompt", dynamic_ncols=True,
+              disable=args.no_progress) as bar:
+        own = self_prompts(loaded.target, loaded.tokenizer,
+                           SelfPromptSettings(wanted, seed=args.seed, batch_size=args.batch),
+                           data / f"self-prompts-{args.seed}.jsonl", progress=bar.update)
+    return interleave(own, built)
+
+
+def interleave(a: list, b: list) -> list:
+    """a and b merged in order so that every prefix holds each in proportion."""
+    mixed, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        if j >= len(b) or (i < len(a) and i / len(a) <= j / len(b)):
+            mixed.append(a[i])
+            i += 1
+        else:
+            mixed.append(b[j])
+            j += 1
+    return mixed
+
+
 def cmd_train_head(args) -> int:
     from ..models.loading import load_target
-    from .material import build_prompts
-    from .pipeline import PipelineSettings, run_pipeline
+    from .pipeline import PipelineSettings, check_data_dir, run_pipeline
     from .responses import GenerationSettings
     from .trainer import TrainSettings
 
@@ -106,13 +154,13 @@ def cmd_train_head(args) -> int:
 
     if args.tokens < 1 or args.steps < 1:
         raise ValueError("--tokens and --steps must be >= 1")
+    if not 0 <= args.self_prompts <= 1:
+        raise ValueError(f"--self-prompts is a share in [0, 1], got {args.self_prompts}")
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_target(args.target, backend=args.backend, dtype=args.dtype)
     if loaded.tokenizer is None:
         raise ValueError(f"{args.target} has no tokenizer; training prompts are text")
-    # About 150 tokens per response; spare prompts cover early EOS.
-    prompts = encode_prompts(loaded.tokenizer, build_prompts(max(32, args.tokens // 60), args.seed))
     settings = PipelineSettings(
         kind=args.head_type, out=Path(args.out),
         generation=GenerationSettings(max_new_tokens=args.max_new_tokens, token_budget=args.tokens,
@@ -120,10 +168,15 @@ def cmd_train_head(args) -> int:
         train=TrainSettings(steps=args.steps, batch_size=args.batch_size, max_len=args.max_len,
                             lr=args.lr or (1e-3 if args.head_type == "medusa" else 5e-4),
                             unroll=args.unroll, seed=args.seed),
-        data=Path(args.data) if args.data else None, fused=args.fused,
+        data=Path(args.data) if args.data else Path(args.out) / "data",
+        extra_data=tuple(Path(d) for d in args.extra_data),
+        self_prompts=args.self_prompts, fused=args.fused,
         draft_vocab=args.draft_vocab, num_medusa=args.medusa_heads, resume=args.resume,
         export=Path(args.export) if args.export else None, progress=not args.no_progress,
         init=Path(args.init) if args.init else None)
+    # Claimed first: self-written prompts are generated into it, minutes of work.
+    data = check_data_dir(loaded.target, settings)
+    prompts = encode_prompts(loaded.tokenizer, _training_prompts(args, loaded, data))
     others = _other_fingerprints(args.target, loaded.backend, loaded.target.dtype)
     command = "verispec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     result = run_pipeline(loaded.target, prompts, settings, others, target_name=args.target,

@@ -25,7 +25,7 @@ from ..heads.format import HeadConfig, new_config, save_head
 from ..heads.target_parts import describe_target, target_parts
 from ..models.base import TargetModel
 from .features import SequenceData, compute_features, features_dir, load_sequences
-from .responses import GenerationSettings, PromptIds, generate_responses
+from .responses import GenerationSettings, PromptIds, generate_responses, read_samples
 from .trainer import CHECKPOINT, HeadTrainer, History, TrainSettings
 
 
@@ -36,6 +36,8 @@ class PipelineSettings:
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     data: Path | None = None  # default: out / "data"
+    extra_data: tuple[Path, ...] = ()  # other runs' data dirs, trained on as well
+    self_prompts: float = 0.0  # share of the prompts the target wrote itself (recorded in meta)
     data_topk: int = 32  # target probabilities stored per position
     fused: bool = False  # EAGLE-3-style input from low, middle and high target layers
     draft_vocab: int = 0  # keep the most frequent tokens only; 0 = full vocabulary
@@ -94,13 +96,24 @@ def _check_data_meta(folder: Path, meta: dict) -> None:
     path.write_text(json.dumps(meta, indent=2))
 
 
-def prepare_data(target: TargetModel, prompts: Sequence[PromptIds], settings: PipelineSettings,
-                 layers: Sequence[int]) -> list[SequenceData]:
+def check_data_dir(target: TargetModel, settings: PipelineSettings) -> Path:
+    """The data dir, claimed for these generation settings; one holding responses
+    made otherwise is a clear error, raised before any work."""
     data = settings.data or settings.out / "data"
     gen = settings.generation
-    _check_data_meta(data, {"target": target.weights_fingerprint(), "seed": gen.seed,
-                            "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
-                            "sample_fraction": gen.sample_fraction})
+    meta = {"target": target.weights_fingerprint(), "seed": gen.seed,
+            "max_new_tokens": gen.max_new_tokens, "temperature": gen.temperature,
+            "sample_fraction": gen.sample_fraction}
+    if settings.self_prompts:
+        meta["self_prompts"] = settings.self_prompts  # absent from caches made before the option
+    _check_data_meta(data, meta)
+    return data
+
+
+def prepare_data(target: TargetModel, prompts: Sequence[PromptIds], settings: PipelineSettings,
+                 layers: Sequence[int]) -> list[SequenceData]:
+    data = check_data_dir(target, settings)
+    gen = settings.generation
     fits = [p for p in prompts if len(p.tokens) + gen.max_new_tokens <= target.max_context]
     with _bar(settings.progress, total=gen.token_budget, desc="responses", unit="tok") as bar:
         samples = generate_responses(target, fits, data / "responses.jsonl", gen,
@@ -110,6 +123,29 @@ def prepare_data(target: TargetModel, prompts: Sequence[PromptIds], settings: Pi
     with _bar(settings.progress, total=sum(len(s.tokens) for s in samples), desc="features",
               unit="tok") as bar:
         shards = compute_features(target, samples, features_dir(data, layers, settings.data_topk),
+                                  layers, settings.data_topk, progress=bar.update)
+    sequences = load_sequences(shards, layers)
+    for extra in settings.extra_data:
+        sequences += _extra_sequences(target, extra, settings, layers)
+    return sequences
+
+
+def _extra_sequences(target: TargetModel, folder: Path, settings: PipelineSettings,
+                     layers: Sequence[int]) -> list[SequenceData]:
+    """Another run's data dir (`--extra-data`): its cached responses, with features
+    for these layers computed once if that run kept other layers."""
+    meta = folder / "meta.json"
+    samples = read_samples(folder / "responses.jsonl")
+    if not meta.exists() or not samples:
+        raise ValueError(f"--extra-data {folder}: no cached responses there "
+                         "(a train-head run's --data dir holds meta.json and responses.jsonl)")
+    made_on = json.loads(meta.read_text()).get("target")
+    if made_on != target.weights_fingerprint():
+        raise ValueError(f"--extra-data {folder} holds responses of other weights "
+                         f"({made_on}; this target is {target.weights_fingerprint()})")
+    with _bar(settings.progress, total=sum(len(s.tokens) for s in samples),
+              desc=f"features {folder.name}", unit="tok") as bar:
+        shards = compute_features(target, samples, features_dir(folder, layers, settings.data_topk),
                                   layers, settings.data_topk, progress=bar.update)
     return load_sequences(shards, layers)
 
@@ -161,6 +197,8 @@ def run_pipeline(target: TargetModel, prompts: Sequence[PromptIds], settings: Pi
     config.training = {
         "command": command, "steps": trainer.step, "sequences": len(sequences),
         "init": str(settings.init) if settings.init else None,
+        "extra_data": [str(d) for d in settings.extra_data],
+        "self_prompts": settings.self_prompts,
         "positions": sum(len(s.tokens) for s in sequences),
         "response_tokens": sum(len(s.tokens) - s.num_prompt for s in sequences),
         "settings": asdict(train), "generation": asdict(settings.generation),

@@ -56,19 +56,34 @@ class GenerationSettings:
     token_budget: int = 100_000  # stop after this many response tokens in all
     sample_fraction: float = 0.25  # share of prompts answered by sampling instead of greedily
     temperature: float = 0.8
+    top_p: float = 1.0  # nucleus mass of the sampled share; 1 samples the whole distribution
     seed: int = 0
     batch_size: int = 32  # requests per forward_batch call, when the backend fuses them
 
 
-def read_samples(path: Path) -> list[Sample]:
+def read_records(path: Path) -> list[dict]:
+    """The JSON objects of an append-only cache file; an empty line, or one cut
+    short by an interrupt, is skipped (its work is redone)."""
     if not path.exists():
         return []
-    samples = []
+    records = []
     for line in path.read_text().splitlines():
         try:
-            samples.append(Sample(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError):
-            continue  # an empty line, or one cut short by an interrupt: regenerated
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def read_samples(path: Path) -> list[Sample]:
+    samples = []
+    for record in read_records(path):
+        try:
+            samples.append(Sample(**record))
+        except TypeError:
+            continue  # written by another version: regenerated
     return samples
 
 
@@ -77,6 +92,7 @@ def _sampling(prompt: PromptIds, settings: GenerationSettings) -> SamplingParams
     rng = random.Random(f"{settings.seed}:{prompt.id}")
     sampled = rng.random() < settings.sample_fraction
     return SamplingParams(temperature=settings.temperature if sampled else 0.0,
+                          top_p=settings.top_p if sampled else 1.0,
                           seed=rng.randrange(2**31), max_new_tokens=settings.max_new_tokens)
 
 
@@ -96,9 +112,8 @@ def generate_responses(target: TargetModel, prompts: Sequence[PromptIds], path: 
     def enough() -> bool:
         return total >= settings.token_budget
 
-    decode = _decode_continuous if target.fuses_batches else _decode_each
     with path.open("a") as out:
-        for prompt, params, response in decode(target, pending, settings, enough):
+        for prompt, params, response in decode_prompts(target, pending, settings, enough):
             sample = Sample(prompt.id, prompt.kind, prompt.tokens, response, params.temperature)
             out.write(json.dumps(asdict(sample)) + "\n")
             out.flush()
@@ -110,6 +125,14 @@ def generate_responses(target: TargetModel, prompts: Sequence[PromptIds], path: 
 
 
 Finished = Iterator[tuple[PromptIds, SamplingParams, list[int]]]
+
+
+def decode_prompts(target: TargetModel, pending: Iterator[PromptIds], settings: GenerationSettings,
+                   enough: Callable[[], bool]) -> Finished:
+    """Continue each prompt until EOS or max_new_tokens, in the fastest way the
+    backend allows; yields (prompt, its sampling params, new tokens incl. EOS)."""
+    decode = _decode_continuous if target.fuses_batches else _decode_each
+    yield from decode(target, pending, settings, enough)
 
 
 def _decode_each(target: TargetModel, pending: Iterator[PromptIds], settings: GenerationSettings,
