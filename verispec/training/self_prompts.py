@@ -135,9 +135,9 @@ def self_prompts(target: TargetModel, tokenizer, settings: SelfPromptSettings, p
     with path.open("a") as out:
         for prompt, _, written in decode_prompts(target, asks(), gen,
                                                  lambda: len(kept) >= settings.count):
+            opener = opener_of.pop(prompt.id)
             if not written or written[-1] not in eos:
                 continue
-            opener = opener_of.pop(prompt.id)
             words = tokenizer.decode(written[:-1], skip_special_tokens=True)
             text = (f"{opener} {words.lstrip()}" if opener else words).strip()
             if len(kept) >= settings.count or not keep.accept(text):
