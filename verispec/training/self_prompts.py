@@ -28,7 +28,7 @@ from ..models.base import TargetModel
 from .material import TrainingPrompt, _bench_lines, _normal
 from .responses import GenerationSettings, PromptIds, decode_prompts, read_records
 
-# Weighted by repetition: a third of the turns start free, the rest lean to the
+# Weighted by repetition: about one turn in six starts free, the rest lean to the
 # creative and chat requests where model-free drafts fail.
 OPENERS = ("", "", "", "", "", "Write a", "Write a short", "Write a poem", "Write a story",
            "Compose", "Describe", "Can you write", "Tell me", "Create", "Imagine",
