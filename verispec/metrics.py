@@ -32,6 +32,7 @@ class Stats:
     finish_reason: str = ""
     lossy: bool = False  # typical acceptance (SpecConfig.lossy_typical): not the model's distribution
     adaptive: bool = False  # k chosen per step (then `k` is the cap; steps hold each choice)
+    weights: str = ""  # the target's weights: "quant" (GGUF blocks in the kernels) or "dense"
     steps: list[StepRecord] = field(default_factory=list)
 
     def record(self, step: StepRecord) -> None:
@@ -92,6 +93,7 @@ class Stats:
             "acceptance_histogram": {str(k): v for k, v in self.acceptance_histogram.items()},
             "finish_reason": self.finish_reason,
             "lossy": self.lossy,
+            **({"weights": self.weights} if self.weights else {}),
         }
 
     def format_line(self) -> str:
@@ -104,4 +106,5 @@ class Stats:
                 f"tau={self.tau:.2f} target_forwards={self.target_forwards} "
                 f"tokens={self.generated} tok/s={self.tokens_per_s:.1f} "
                 f"time prefill/draft/verify/other={split} ({total:.2f}s)"
+                + (f" weights={self.weights}" if self.weights else "")
                 + (" LOSSY (typical acceptance)" if self.lossy else ""))

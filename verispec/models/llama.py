@@ -76,10 +76,15 @@ class NativeLlama(TargetModel):
                             and spec.head_dim % 16 == 0 and spec.head_dim <= 128
                             and groups <= 16 and kernels.available())
         self.fuses_batches = self.row_kernels
-        # bf16 with every matmul on the AMX kernel: each layer is one C++ call.
-        self._fused = (self.row_kernels and dtype == torch.bfloat16 and all(
-            lin.kernel for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)))
-        self._fused_args = [_fused_weights(layer) for layer in self.layers] if self._fused else []
+        # bf16 with a layer's matmuls each on one kernel pack: that layer is one C++
+        # call. A layer whose q/k/v or gate/up come in different GGUF block formats
+        # (Q4_K_M files mix Q4_K and Q6_K) runs its matmuls one by one instead.
+        fusable = [self.row_kernels and dtype == torch.bfloat16 and all(
+            lin.kernel for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            for layer in self.layers]
+        self._fused = any(fusable)
+        self._fused_args = [_fused_weights(layer) if ok else None
+                            for layer, ok in zip(self.layers, fusable)]
 
     @classmethod
     def from_dir(cls, folder: str | Path, dtype: torch.dtype = torch.float32,
@@ -94,6 +99,31 @@ class NativeLlama(TargetModel):
         return cls(spec, weights, dtype, device, read_eos_ids(folder, config),
                    name=f"native:{Path(str(name)).name or folder.name}",
                    batch_invariant=batch_invariant, cache_limit=cache_limit)
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16,
+                  device: torch.device | str = "cpu", quant: bool = True,
+                  batch_invariant: bool = False, cache_limit: int = DEFAULT_CACHE_LIMIT,
+                  quiet: bool = False) -> "NativeLlama":
+        """A target read straight from a GGUF file: quant=True keeps the weights in
+        their blocks for the kernels, quant=False dequantizes them to `dtype`."""
+        from .gguf_file import GGUFFile
+        from .gguf_weights import hf_config, load_gguf_weights
+
+        gf = GGUFFile(path)
+        config = hf_config(gf)
+        spec = parse_config(config)
+        device = torch.device(device)
+        weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet)
+        eos = config.get("eos_token_id")
+        return cls(spec, weights, dtype, device, frozenset([] if eos is None else [int(eos)]),
+                   name=f"native:{Path(path).stem}", batch_invariant=batch_invariant,
+                   cache_limit=cache_limit)
+
+    @property
+    def weights_kind(self) -> str:
+        """"quant" when GGUF blocks run in the kernels, else "dense"."""
+        return self.weights.weights_kind
 
     @staticmethod
     def supports(config: dict) -> bool:
@@ -187,8 +217,6 @@ class NativeLlama(TargetModel):
             it.positions.to(self.device) if it.positions is not None else self._arange[s:s + n]
             for it, s, n in zip(items, starts, sizes)])
         cos, sin = self._cos[positions], self._sin[positions]  # [rows, head_dim]
-        if not self._fused:
-            cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
         plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
         wanted = set().union(*(it.hidden_layers for it in items))
         last = self.num_layers
@@ -214,7 +242,7 @@ class NativeLlama(TargetModel):
     def _row_layer(self, w: LayerWeights, index: int, x: torch.Tensor, items: list[BatchItem],
                    starts: list[int], offsets: list[int], cos: torch.Tensor, sin: torch.Tensor,
                    plan: RowPlan) -> torch.Tensor:
-        if self._fused:
+        if self._fused and self._fused_args[index] is not None:
             return kernels.decoder_layer(
                 x, self._fused_args[index],
                 [self._heads, self._kv_heads, self._head_dim, self.spec.intermediate_size],
@@ -226,7 +254,7 @@ class NativeLlama(TargetModel):
         qk = qkv[:, : heads + kv_heads]
         if w.qk_norm is not None:
             qk = self._norm(qk, w.qk_norm)
-        qk = _rotate(qk, cos, sin)
+        qk = _rotate(qk, cos[:, None], sin[:, None])  # tables broadcast over heads
         new_kv = torch.cat((qk[:, heads:], qkv[:, heads + kv_heads:]), dim=1)  # [rows, 2 kv, hd]
         new_kv = new_kv.view(rows, 2, kv_heads, head_dim).permute(1, 2, 0, 3)  # [2, kv, rows, hd]
         layer_kv = []
@@ -317,7 +345,7 @@ class NativeLlama(TargetModel):
         """Embed, then run every decoder layer (`step(index, layer, x)`), keeping the
         hidden states in `wanted` below the last one (HF's index: 0 = embeddings);
         the caller takes the last one after the final norm."""
-        x = F.embedding(tokens, self.weights.embed)  # [rows, hidden]
+        x = self.weights.embedding(tokens)  # [rows, hidden]
         captured = {0: x} if 0 in wanted else {}
         for index, layer in enumerate(self.layers):
             x = step(index, layer, x)

@@ -50,6 +50,16 @@ class Linear:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
         else:
             self.weight = weight.contiguous()
+        self.format = "bf16" if weight.dtype == torch.bfloat16 else str(weight.dtype).split(".")[-1]
+
+    @classmethod
+    def from_pack(cls, packed: torch.Tensor, out_features: int, in_features: int,
+                  bias: torch.Tensor | None, fmt: str) -> "Linear":
+        """A Linear over a weight already packed by the kernels (kernels.pack_quant)."""
+        lin = cls.__new__(cls)
+        lin.out_features, lin.in_features = out_features, in_features
+        lin.bias, lin.kernel, lin.packed, lin.weight, lin.format = bias, True, False, packed, fmt
+        return lin
 
     @property
     def row_invariant(self) -> bool:
@@ -70,26 +80,82 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+class StackedLinear:
+    """Several Linears over the same input whose outputs are concatenated: a fused
+    matrix (q/k/v, gate/up) whose parts come in different block formats. Each
+    output column is its own dot product, so the result equals the fused matrix's."""
+
+    def __init__(self, parts: list[Linear]) -> None:
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.kernel = False  # not one packed matrix: the fused C++ layer cannot take it
+        self.packed = False
+        self.format = "+".join(dict.fromkeys(p.format for p in parts))
+
+    @property
+    def row_invariant(self) -> bool:
+        return all(p.row_invariant for p in self.parts)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        if all(p.bias is None for p in self.parts):
+            return None
+        return torch.cat([p.bias for p in self.parts])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+class Embedding:
+    """Token rows: a dense [vocab, hidden] matrix, or a kernel pack read by
+    kernels.embedding (the GGUF blocks, dequantized row by row)."""
+
+    def __init__(self, weight: torch.Tensor | None = None, packed: torch.Tensor | None = None,
+                 shape: tuple[int, int] | None = None, fmt: str = "bf16") -> None:
+        self.weight, self.packed, self.format = weight, packed, fmt
+        self.shape = tuple(weight.shape) if weight is not None else shape
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.embedding(ids, self.weight)
+        return kernels.embedding(self.packed, ids)
+
+    def matrix(self) -> torch.Tensor:
+        """[vocab, hidden] dense; a packed table is expanded once, on first use
+        (heads and training read rows by index)."""
+        if self.weight is None:
+            self.weight = kernels.embedding(self.packed, torch.arange(self.shape[0]))
+        return self.weight
+
+
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [hidden]
-    qkv: Linear  # [(heads + 2 kv_heads) * head_dim, hidden]
+    qkv: Linear | StackedLinear  # [(heads + 2 kv_heads) * head_dim, hidden]
     qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim], qwen3 only
     o: Linear  # [hidden, heads * head_dim]
     mlp_norm: torch.Tensor  # [hidden]
-    gate_up: Linear  # [2 * intermediate, hidden]
+    gate_up: Linear | StackedLinear  # [2 * intermediate, hidden]
     down: Linear  # [hidden, intermediate]
 
 
 @dataclass
 class ModelWeights:
-    embed: torch.Tensor  # [vocab, hidden]
+    embedding: Embedding  # [vocab, hidden]
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
     lm_head: Linear  # [vocab, hidden]
     # (checkpoint key, layer index or None, digest input) for weights_fingerprint;
     # kept instead of the unfused tensors, which are freed after fusing.
     fingerprint_parts: list[tuple[str, int | None, bytes]]
+    weights_kind: str = "dense"  # "dense" or "quant" (GGUF blocks in the kernels)
+    source: "Path | None" = None  # where the weights were read, for a quantized self-draft
+
+    @property
+    def embed(self) -> torch.Tensor:
+        """[vocab, hidden] dense token embeddings (heads and training index it)."""
+        return self.embedding.matrix()
 
 
 def read_config(folder: Path) -> dict:
@@ -195,6 +261,7 @@ def load_weights(folder: Path, spec: LlamaSpec, dtype: torch.dtype,
             gate_up=Linear(gate_up_w, gate_up_b),
             down=Linear(take(p + "mlp.down_proj.weight"), maybe(p + "mlp.down_proj.bias", spec.mlp_bias)),
         ))
-    embed = take("model.embed_tokens.weight")
-    return ModelWeights(embed=embed, layers=layers, norm=take("model.norm.weight"),
-                        lm_head=Linear(take("lm_head.weight")), fingerprint_parts=parts)
+    embed = Embedding(take("model.embed_tokens.weight"))
+    return ModelWeights(embedding=embed, layers=layers, norm=take("model.norm.weight"),
+                        lm_head=Linear(take("lm_head.weight")), fingerprint_parts=parts,
+                        source=Path(folder))

@@ -1,6 +1,11 @@
 """Find, convert and load target models: the embedded default, a local HF
-directory (safetensors), or a GGUF file. GGUF is dequantized once by
-transformers and cached as dense safetensors, so later loads take seconds."""
+directory (safetensors), or a GGUF file.
+
+A GGUF file runs as it is where verispec's kernels build (weights="quant", the
+default there): its blocks are memory-mapped and packed for the kernels, and
+only its tokenizer is cached (a few MB). weights="dense" takes the older path,
+also the fallback: transformers dequantizes the file once into a dense
+safetensors cache."""
 from __future__ import annotations
 
 import hashlib
@@ -86,9 +91,12 @@ def _gguf_cache_dir(gguf: Path) -> Path:
 
 def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
     """Dequantize a GGUF file into a dense HF directory under the cache; reuse it if present."""
+    from .gguf_file import GGUFFile
+
     target = _gguf_cache_dir(gguf)
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
+    GGUFFile(gguf)  # a broken file gets its one-line GGUFError here, not a transformers crash
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -151,6 +159,7 @@ def load_hf(source: str | None, dtype: str | torch.dtype | None = None,
 
 
 BACKENDS = ("auto", "native", "hf")
+WEIGHTS = ("auto", "quant", "dense")
 
 
 @dataclass
@@ -158,12 +167,88 @@ class LoadedTarget:
     target: "object"  # a TargetModel
     tokenizer: "object | None"
     backend: str  # the backend actually used: "native" or "hf"
+    weights: str = "dense"  # "quant": GGUF blocks in the kernels; "dense": bf16/fp32 matrices
+
+
+def gguf_source(source: str | None) -> Path | None:
+    """The GGUF file `source` names (the default model is one), else None."""
+    if source in (None, DEFAULT_MODEL):
+        return default_gguf_path()
+    path = Path(source).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
+def gguf_tokenizer(gguf: Path, quiet: bool = False):
+    """The file's own tokenizer and chat template, built by transformers once and
+    cached as tokenizer.json (a few MB); None for a file without a vocabulary."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from .gguf_file import GGUFFile
+
+    folder = cache_root() / "tokenizers" / _gguf_cache_dir(gguf).name
+    if not (folder / "tokenizer.json").exists():
+        if "tokenizer.ggml.model" not in GGUFFile(gguf).metadata:
+            return None
+        if not quiet:
+            print(f"verispec: reading {gguf.name}'s tokenizer once, cached in {folder}",
+                  file=sys.stderr)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
+        tokenizer.save_pretrained(str(tmp))
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process cached it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    # The fast class directly: AutoTokenizer's resolution costs about a second at start-up.
+    return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+
+
+def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
+                batch_invariant: bool) -> LoadedTarget | None:
+    """The GGUF file in its blocks on the kernels, or None where weights="auto"
+    cannot have that (no kernels, not bf16 on CPU, an architecture the native
+    backend lacks); weights="quant" then raises the reason instead."""
+    from .. import kernels
+    from .gguf_file import GGUFError, GGUFFile
+    from .gguf_weights import hf_config
+    from .llama import NativeLlama
+    from .llama_config import parse_config
+
+    gf = GGUFFile(gguf)  # GGUFError for a broken file, whatever `weights` says
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    reason = None
+    if backend == "hf":
+        reason = "--backend hf runs transformers' dense weights"
+    elif dev.type != "cpu" or torch_dtype != torch.bfloat16:
+        reason = f"quantized weights run in bf16 on CPU, not {torch_dtype} on {dev}"
+    elif not kernels.available():
+        reason = "verispec's CPU kernels are off on this machine (see the warning above)"
+    else:
+        try:
+            parse_config(hf_config(gf))
+        except GGUFError:
+            raise
+        except ValueError as exc:  # an architecture the native backend lacks
+            reason = str(exc)
+    if reason is not None:
+        if weights == "quant":
+            raise ValueError(f"--weights quant: {reason}; use --weights dense")
+        return None
+    del gf
+    target = NativeLlama.from_gguf(gguf, torch_dtype, dev, quant=True,
+                                   batch_invariant=batch_invariant)
+    return LoadedTarget(target, gguf_tokenizer(gguf), "native", "quant")
 
 
 def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dtype | None = None,
-                device: str | None = None, batch_invariant: bool = False) -> LoadedTarget:
+                device: str | None = None, batch_invariant: bool = False,
+                weights: str = "auto") -> LoadedTarget:
     """A TargetModel for `source`. auto picks the native Llama-family backend
-    where it supports the architecture and falls back to transformers."""
+    where it supports the architecture and falls back to transformers.
+    `weights` (GGUF files): quant runs the blocks in the kernels, dense the
+    dequantized matrices, auto quant where it can."""
     from transformers import AutoTokenizer
 
     from .hf import HFModel
@@ -171,6 +256,15 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    gguf = gguf_source(source)
+    if weights == "quant" and gguf is None:
+        raise ValueError(f"--weights quant needs a GGUF file; {source} is not one")
+    if gguf is not None and weights != "dense":
+        loaded = _load_quant(gguf, weights, backend, dtype, device, batch_invariant)
+        if loaded is not None:
+            return loaded
     folder = resolve_model_dir(source)
     config = json.loads((folder / "config.json").read_text())
     native_ok = NativeLlama.supports(config)
