@@ -65,20 +65,25 @@ class TextDeltas:
 class Engine:
     def __init__(self, model: str | TargetModel | None = DEFAULT_MODEL, tokenizer=None,
                  dtype: str | torch.dtype | None = None, device: str | None = None,
-                 backend: str = "auto", batch_invariant: bool = False) -> None:
+                 backend: str = "auto", batch_invariant: bool = False,
+                 weights: str = "auto") -> None:
         """`model`: a path (HF directory or .gguf), "default", or a TargetModel.
         `backend`: native (verispec's Llama-family forward), hf (transformers),
-        or auto (native where supported)."""
+        or auto (native where supported). `weights` (GGUF files): quant runs the
+        file's blocks in verispec's kernels, dense dequantizes them, auto = quant
+        where the kernels build."""
         if isinstance(model, TargetModel):
             self.target = model
             self.tokenizer = tokenizer
             self.backend = "native" if isinstance(model, NativeLlama) else "hf"
+            self.weights = getattr(model, "weights_kind", "dense")
         else:
             loaded = load_target(model, backend=backend, dtype=dtype, device=device,
-                                 batch_invariant=batch_invariant)
+                                 batch_invariant=batch_invariant, weights=weights)
             self.target = loaded.target
             self.tokenizer = tokenizer or loaded.tokenizer
             self.backend = loaded.backend
+            self.weights = loaded.weights
         self._drafts: dict[str, TargetModel] = {}
 
     # -- text edges ---------------------------------------------------------
@@ -114,10 +119,19 @@ class Engine:
 
     # -- drafts -------------------------------------------------------------
     def load_draft(self, source: str) -> TargetModel:
-        """A draft model by path, or `self:L` (the target's first L layers). Cached."""
+        """A draft model by path, `self:L` (the target's first L layers), or
+        `quant:FMT[:L]` (the target's layers cast to a GGUF block format). Cached."""
         if source in self._drafts:
             return self._drafts[source]
-        if source.startswith("self:"):
+        if source.startswith("quant:"):
+            from .models.quant_draft import parse_quant_source
+
+            fmt, layers = parse_quant_source(source)
+            if not hasattr(self.target, "quantized_draft"):
+                raise ValueError(f"{self.target.name} cannot make a quantized self-draft "
+                                 f"(it needs the native backend)")
+            draft = self.target.quantized_draft(fmt, layers)
+        elif source.startswith("self:"):
             layers = source.split(":", 1)[1]
             if not layers.isdigit():
                 raise ValueError(f"self:L needs a whole number of layers, got {source!r}")
@@ -162,7 +176,7 @@ class Engine:
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
-                      adaptive=spec.adaptive and spec.proposer != "none")
+                      adaptive=spec.adaptive and spec.proposer != "none", weights=self.weights)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            own_timing=own_timing)
 

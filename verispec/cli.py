@@ -32,6 +32,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
                    help="native = verispec's fast Llama-family forward; hf = transformers "
                         "(any model); auto = native where supported")
+    p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense"],
+                   help="GGUF files: quant = run the file's quantized blocks in verispec's "
+                        "kernels (memory about the file's size, same logits as dense); dense = "
+                        "dequantize to bf16 once (a cached copy); auto = quant where the "
+                        "kernels build")
     p.add_argument("--batch-invariant", action="store_true",
                    help="native only: every position's logits are bit-identical whether "
                         "computed alone, in a verification block or in a batch. Always on, at no "
@@ -56,8 +61,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None,
                    help="cost profile from `verispec profile`, a prior for --k auto")
     p.add_argument("--draft", default=None,
-                   help="for --proposer draft: a model path, or self:L to reuse the "
-                        "target's first L layers (no extra weights)")
+                   help="for --proposer draft: a model path, self:L to reuse the "
+                        "target's first L layers (no extra weights), or quant:Q4_0[:L] for the "
+                        "target's own layers cast at load to Q4_0 (or Q4_1, Q5_0, Q5_1, Q8_0), "
+                        "optionally only the first L, run by verispec's kernels")
     p.add_argument("--tree", default="0", metavar="N|auto",
                    help="node budget of a token tree verified in one pass (ngram: one branch "
                         "per distinct match); 0 = a chain of k tokens; auto = choose the "
@@ -151,7 +158,7 @@ def cmd_generate(args) -> int:
     from .api import Engine
 
     engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                    batch_invariant=args.batch_invariant)
+                    batch_invariant=args.batch_invariant, weights=args.weights)
     if args.json:
         result = engine.generate(prompt, sampling, spec, chat=args.chat)
         print(json.dumps(result.to_dict(), ensure_ascii=False))

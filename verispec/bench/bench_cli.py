@@ -172,7 +172,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..api import Engine
 
     engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                    batch_invariant=args.batch_invariant)
+                    batch_invariant=args.batch_invariant,
+                    weights=getattr(args, "weights", "auto"))
     peer_engine = None
     if engine.backend != "hf" and needs_hf(plan.configs):
         peer_engine = Engine(args.model, dtype=args.dtype, device=args.device, backend="hf")
@@ -218,7 +219,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .profile import format_profile
 
     engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                    batch_invariant=args.batch_invariant)
+                    batch_invariant=args.batch_invariant,
+                    weights=getattr(args, "weights", "auto"))
     result, out, figure = run_profile(engine, args.context, args.max_n, args.repeats,
                                       args.draft, args.out, args.plot)
     print(format_profile(result, f"verispec profile: {engine.target.name} "

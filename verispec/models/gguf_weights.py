@@ -236,6 +236,18 @@ def hf_name(gguf_name: str) -> tuple[str, int | None]:
     return f"model.layers.{layer}.{_HF_NAMES[part]}.{kind}", int(layer)
 
 
+def gguf_name(hf_key: str) -> str:
+    """The GGUF tensor name of a transformers parameter name (hf_name's inverse)."""
+    fixed = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    if hf_key in fixed:
+        return fixed[hf_key]
+    _, _, layer, rest = hf_key.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    part = {v: k for k, v in _HF_NAMES.items()}[module]
+    return f"blk.{layer}.{part}.{kind}"
+
+
 def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.dtype,
                       device: torch.device, quiet: bool = False) -> ModelWeights:
     """The native weights of `gf`. quant=True packs quantized tensors for the

@@ -149,6 +149,21 @@ class NativeLlama(TargetModel):
                            name=f"{self.name}[:{num_layers}]", num_layers=num_layers,
                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
 
+    def quantized_draft(self, fmt: str, num_layers: int | None = None) -> "NativeLlama":
+        """A self-draft: this model's first `num_layers` layers (all by default)
+        cast to the GGUF block format `fmt`, sharing the embedding, norms and LM head."""
+        from .quant_draft import quantized_draft_weights
+
+        layers = num_layers or self.num_layers
+        if not 1 <= layers <= self.num_layers:
+            raise ValueError(f"quant:{fmt}:L needs 1 <= L <= {self.num_layers} for {self.name}, "
+                             f"got {layers}")
+        weights = quantized_draft_weights(self, fmt, layers)
+        cut = f"[:{layers}]" if layers < self.num_layers else ""
+        return NativeLlama(self.spec, weights, self.dtype, self.device, self.eos_token_ids,
+                           name=f"{self.name}~{fmt}{cut}", num_layers=layers,
+                           batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+
     def weights_fingerprint(self) -> str:
         return fingerprint(self.weights.fingerprint_parts, self.num_layers)
 

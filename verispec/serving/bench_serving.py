@@ -162,7 +162,8 @@ def cmd_bench_serving(args: argparse.Namespace) -> int:
         from .server import ServerConfig, ServerThread, create_app
 
         engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                        batch_invariant=args.batch_invariant)
+                        batch_invariant=args.batch_invariant,
+                    weights=getattr(args, "weights", "auto"))
         config = ServerConfig(("bench",), ServeDefaults(proposer=proposer, k=max(args.k, 8)),
                               SchedulerConfig(max_num_seqs=max(levels), max_queue=4 * max(levels)))
         with ServerThread(create_app(engine, config)) as server:

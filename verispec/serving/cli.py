@@ -57,7 +57,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..api import Engine
 
     engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                    batch_invariant=args.batch_invariant)
+                    batch_invariant=args.batch_invariant,
+                    weights=getattr(args, "weights", "auto"))
     if defaults.draft:
         engine.load_draft(defaults.draft)  # load once now, not on the first request
     names = tuple(dict.fromkeys(n for n in (args.served_model_name, args.model,

@@ -1,0 +1,140 @@
+"""Tiny GGUF files written by the tests with gguf.GGUFWriter, laid out as
+llama.cpp's converter lays them out (q/k rows interleaved for llama), plus the
+same weights as a transformers-order safetensors folder, dequantized: an
+independent dense reference for the GGUF loader."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+Q = gguf.GGMLQuantizationType
+QUANTIZABLE = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}  # the gguf package quantizes these
+# Byte offsets of the fp16 scale fields in one block of the K-quants (d, dmin).
+_K_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
+
+
+@dataclass
+class TinyShape:
+    arch: str = "llama"
+    vocab: int = 300  # not a multiple of 16 or of any block: ragged row tiles
+    hidden: int = 256
+    intermediate: int = 512  # two K-quant super-blocks along ffn_down's rows
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    tied: bool = False
+    context: int = 256
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def random_blocks(qtype: Q, rows: int, cols: int, rng: np.random.Generator,
+                  scale: float = 1.0) -> np.ndarray:
+    """[rows, bytes] blocks of `qtype`: quantized random values where the gguf package
+    can quantize, else random bits with small finite fp16 scales (K-quants)."""
+    if qtype in QUANTIZABLE or qtype in (Q.F32, Q.F16, Q.BF16):
+        values = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        return gguf.quants.quantize(values, qtype).view(np.uint8).reshape(rows, -1)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for offset in _K_SCALES[qtype]:
+        d = (rng.uniform(0.2, 1.0, (rows, cols // block)) * scale / 16).astype(np.float16)
+        raw[:, :, offset:offset + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, -1)
+
+
+def _interleave(rows: int, heads: int) -> np.ndarray:
+    """llama.cpp's permute as a row order: file_row[i] = hf_row[order[i]]."""
+    return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
+
+
+def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinyShape = TinyShape(),
+                    seed: int = 0, reference: Path | None = None, vocab_strings: bool = False,
+                    corrupt_shape: str | None = None) -> Path:
+    """A random-weight model in GGUF. `types` maps a tensor kind (embed, head, q, k,
+    v, o, gate, up, down) to its block type, or gives one for all. `reference`:
+    also write the dequantized weights, transformers' order, as a safetensors
+    folder. `corrupt_shape`: give that tensor kind one row too many."""
+    rng = np.random.default_rng(seed)
+    kinds = ("embed", "head", "q", "k", "v", "o", "gate", "up", "down")
+    types = {k: types for k in kinds} if isinstance(types, Q) else {k: Q.Q8_0 for k in kinds} | types
+    s = shape
+    writer = gguf.GGUFWriter(str(path), s.arch)
+    writer.add_block_count(s.layers)
+    writer.add_context_length(s.context)
+    writer.add_embedding_length(s.hidden)
+    writer.add_feed_forward_length(s.intermediate)
+    writer.add_head_count(s.heads)
+    writer.add_head_count_kv(s.kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_dimension_count(s.head_dim)
+    writer.add_eos_token_id(1)
+    if vocab_strings:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list([f"t{i}" for i in range(s.vocab)])
+    dense: dict[str, torch.Tensor] = {}
+    qkv_out = {"q": s.heads * s.head_dim, "k": s.kv_heads * s.head_dim, "v": s.kv_heads * s.head_dim}
+
+    def matrix(name: str, hf: str, kind: str, rows: int, cols: int, heads: int | None = None):
+        rows_written = rows + (kind == corrupt_shape)
+        raw = random_blocks(types[kind], rows_written, cols, rng, scale=0.5 if kind == "embed" else 1.0)
+        values = gguf.quants.dequantize(raw, types[kind]).reshape(rows_written, cols)
+        dense[hf] = torch.from_numpy(np.array(values[:rows], dtype=np.float32))
+        if heads is not None and s.arch == "llama":
+            raw = raw[_interleave(rows_written, heads)] if kind != corrupt_shape else raw
+        writer.add_tensor(name, raw, raw_dtype=types[kind])
+
+    def vector(name: str, hf: str, n: int):
+        values = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        dense[hf] = torch.from_numpy(values.copy())
+        writer.add_tensor(name, values)
+
+    matrix("token_embd.weight", "model.embed_tokens.weight", "embed", s.vocab, s.hidden)
+    for i in range(s.layers):
+        p, h = f"blk.{i}.", f"model.layers.{i}."
+        vector(p + "attn_norm.weight", h + "input_layernorm.weight", s.hidden)
+        for n, heads in (("q", s.heads), ("k", s.kv_heads), ("v", None)):
+            matrix(p + f"attn_{n}.weight", h + f"self_attn.{n}_proj.weight", n, qkv_out[n], s.hidden, heads)
+            if s.arch == "qwen2":
+                vector(p + f"attn_{n}.bias", h + f"self_attn.{n}_proj.bias", qkv_out[n])
+        if s.arch == "qwen3":
+            vector(p + "attn_q_norm.weight", h + "self_attn.q_norm.weight", s.head_dim)
+            vector(p + "attn_k_norm.weight", h + "self_attn.k_norm.weight", s.head_dim)
+        matrix(p + "attn_output.weight", h + "self_attn.o_proj.weight", "o", s.hidden, s.hidden)
+        vector(p + "ffn_norm.weight", h + "post_attention_layernorm.weight", s.hidden)
+        matrix(p + "ffn_gate.weight", h + "mlp.gate_proj.weight", "gate", s.intermediate, s.hidden)
+        matrix(p + "ffn_up.weight", h + "mlp.up_proj.weight", "up", s.intermediate, s.hidden)
+        matrix(p + "ffn_down.weight", h + "mlp.down_proj.weight", "down", s.hidden, s.intermediate)
+    vector("output_norm.weight", "model.norm.weight", s.hidden)
+    if not s.tied:
+        matrix("output.weight", "lm_head.weight", "head", s.vocab, s.hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if reference is not None:
+        _write_reference(reference, dense, s)
+    return path
+
+
+def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(dense, str(folder / "model.safetensors"))
+    config = {"model_type": s.arch, "vocab_size": s.vocab, "hidden_size": s.hidden,
+              "intermediate_size": s.intermediate, "num_hidden_layers": s.layers,
+              "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
+              "head_dim": s.head_dim, "rms_norm_eps": float(np.float32(1e-5)),  # GGUF's float32
+              "max_position_embeddings": s.context,
+              "rope_theta": 10000.0, "tie_word_embeddings": s.tied, "hidden_act": "silu",
+              "eos_token_id": 1}
+    (folder / "config.json").write_text(json.dumps(config))
