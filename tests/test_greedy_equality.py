@@ -9,10 +9,12 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import CharTokenizer, tiny_llama, tiny_target
-from verispec import Engine, SamplingParams, SpecConfig
+from conftest import VOCAB, CharTokenizer, tiny_llama, tiny_target
+from gguf_support import Q, TinyShape, write_tiny_gguf
+from verispec import Engine, SamplingParams, SpecConfig, kernels
 from verispec.lossless import compare_greedy
 from verispec.models.hf import HFModel
+from verispec.models.llama import NativeLlama
 
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], [42], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
 SPECS = {
@@ -24,9 +26,40 @@ SPECS = {
 }
 
 
-@pytest.fixture(scope="module", params=["hf", "native"])
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A tiny random model written as a Q4_0 GGUF (Q8_0 embedding), and the same
+    values dequantized into a transformers-order safetensors folder."""
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    types = {k: Q.Q4_0 for k in ("head", "q", "k", "v", "o", "gate", "up", "down")} | {"embed": Q.Q8_0}
+    shape = TinyShape(vocab=VOCAB, hidden=64, intermediate=128, layers=4, context=512)
+    return write_tiny_gguf(folder / "tiny.gguf", types, shape, seed=5, reference=folder / "ref")
+
+
+def _quant_ready() -> bool:
+    return kernels.available() and int(Q.Q4_0) in kernels.quant_types()
+
+
+@pytest.fixture(scope="module")
+def tiny_quant(tiny_gguf):
+    """The GGUF's blocks in verispec's kernels: the default path for a GGUF file."""
+    if not _quant_ready():
+        pytest.skip("verispec's kernels lack Q4_0 on this CPU")
+    return NativeLlama.from_gguf(tiny_gguf, torch.bfloat16, quant=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_dense_bf16(tiny_gguf):
+    """The GGUF's values as a dense bf16 checkpoint (the --weights dense path)."""
+    return NativeLlama.from_dir(tiny_gguf.parent / "ref", torch.bfloat16)
+
+
+@pytest.fixture(scope="module", params=["hf", "native", "quant"])
 def target(request, tiny, tiny_native):
-    """The same tiny weights on each backend: every suite below runs on both."""
+    """The same tiny weights on each backend, and a tiny GGUF run quantized:
+    every suite below runs on all three."""
+    if request.param == "quant":
+        return request.getfixturevalue("tiny_quant")
     return tiny if request.param == "hf" else tiny_native
 
 
@@ -58,7 +91,15 @@ def reference_hf_greedy(model: HFModel, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def test_plain_loop_matches_transformers_generate(engine, tiny):
+def test_plain_loop_matches_transformers_generate(engine, target, tiny, request):
+    """An independent reference for the plain loop: transformers' generate, or
+    for the quantized GGUF, the same values as a dense bf16 checkpoint."""
+    if getattr(target, "weights_kind", "dense") == "quant":
+        dense = Engine(request.getfixturevalue("tiny_dense_bf16"))
+        for prompt in PROMPTS:
+            want = dense.generate(prompt, SamplingParams(max_new_tokens=32), SpecConfig("none", k=0))
+            assert plain(engine, prompt).token_ids == want.token_ids
+        return
     for prompt in PROMPTS:
         assert plain(engine, prompt).token_ids == reference_hf_greedy(tiny, prompt, 32)
 
@@ -317,3 +358,37 @@ def test_adaptive_ngram_keys_k_on_its_match_length(engine, target, monkeypatch):
     assert len(got.stats.steps) - len(seen) in (0, 1)
     assert {e.key for e, _ in seen} - {0}  # matches were found: the evidence varied
     assert len(shadows) == sum(1 for e, k in seen if k == 0 and e.key)
+
+
+@pytest.mark.skipif(not _quant_ready(), reason="verispec's kernels lack Q4_0 on this CPU")
+@pytest.mark.parametrize("which", ["gguf-quant", "dense-bf16"])
+@pytest.mark.parametrize("draft", ["quant:Q4_0", "quant:Q8_0", "quant:Q4_1:2", "quant:Q8_0:1"])
+def test_quantized_self_draft_equals_greedy(request, which, draft):
+    """The target's own layers cast to a block format draft for it: the output is
+    plain greedy's, chains and trees, on a GGUF target and on a dense one."""
+    target = request.getfixturevalue("tiny_quant" if which == "gguf-quant" else "tiny_dense_bf16")
+    engine = Engine(target)
+    model = engine.load_draft(draft)
+    assert model.weights.embedding is target.weights.embedding
+    assert model.weights.lm_head is target.weights.lm_head
+    assert model.num_layers == (int(draft.split(":")[2]) if draft.count(":") == 2 else 4)
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        want = engine.generate(prompt, SamplingParams(max_new_tokens=32), SpecConfig("none", k=0))
+        for spec in (SpecConfig("draft", k=4, draft=draft), SpecConfig("draft", k=6, draft=draft, tree=10)):
+            got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
+            assert got.token_ids == want.token_ids, (draft, spec)
+            accepted, drafted = accepted + got.stats.accepted, drafted + got.stats.drafted
+    if draft in ("quant:Q8_0", "quant:Q4_0"):
+        assert accepted > 0.5 * drafted  # the whole model, quantized: it agrees most of the time
+
+
+def test_quantized_self_draft_errors(tiny_native):
+    engine = Engine(tiny_native)
+    with pytest.raises(ValueError, match="quant:FORMAT takes one of"):
+        engine.load_draft("quant:Q3_K")
+    with pytest.raises(ValueError, match="whole number of layers"):
+        engine.load_draft("quant:Q4_0:two")
+    if _quant_ready():
+        with pytest.raises(ValueError, match="bf16 CPU target"):
+            engine.load_draft("quant:Q4_0")  # tiny_native is fp32
