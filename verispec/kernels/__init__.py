@@ -2,7 +2,14 @@
 
 `pack(weight)` repacks a bf16 [out, in] matrix once; `linear(x, packed, out,
 bias)` then computes x @ weight.T (+ bias) for bf16 x [n, in], with a row's
-bits independent of n, of the other rows and of the thread count.
+bits independent of n, of the other rows and of the thread count. The matmul
+runs on AMX where the CPU and OS allow it, else on AVX-512-BF16 (`isa()`).
+
+`pack_quant(raw, ggml_type, out, in)` keeps a GGUF tensor in its blocks
+(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: `quant_types()`); `linear`
+takes it as it takes a dense pack and returns, bit for bit, what the dense
+path returns for the reference dequantization (gguf.quants.dequantize) rounded
+to bf16. `embedding(packed, ids)` looks rows up from such a pack.
 `attend(q, caches, row_cache, row_len, row_index)` is attention whose
 result for a row depends only on that row's query and visible keys (see
 attention.cpp). `available()` says whether the kernel can be used; when it is False callers
@@ -42,8 +49,71 @@ def _require():
     return module
 
 
+def isa() -> str | None:
+    """"amx" or "avx512-bf16": the instruction set every matmul of this process uses."""
+    module = _get()
+    if module is None:
+        return None
+    from .build import ISA_NAMES
+
+    return ISA_NAMES[module.init()]
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     return _require().pack(weight)
+
+
+# gguf.GGMLQuantizationType names, for messages (the kernels do not import gguf).
+GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
+                   10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 30: "BF16"}
+
+
+def quant_types() -> frozenset[int]:
+    """The ggml type ids pack_quant accepts."""
+    return frozenset(_require().quant_types())
+
+
+def _check_type(ggml_type: int) -> None:
+    if int(ggml_type) not in quant_types():
+        name = GGML_TYPE_NAMES.get(int(ggml_type), f"type {int(ggml_type)}")
+        have = ", ".join(GGML_TYPE_NAMES[t] for t in sorted(quant_types()))
+        raise ValueError(f"no quantized kernel for ggml {name} (kernels support {have}); "
+                         f"dequantize this tensor to bf16 and pack() it instead")
+
+
+def pack_quant(raw: torch.Tensor, ggml_type: int, out_features: int, in_features: int) -> torch.Tensor:
+    """A GGUF tensor's bytes (uint8, row-major blocks as in the file) -> a pack for
+    linear() and embedding(), about the size of the raw bytes. Tensors of one type
+    stacked on the out dimension (q/k/v, gate/up) are simply their bytes
+    concatenated; tensors of different types go through pack_quant_cat."""
+    return pack_quant_cat([(raw, ggml_type, out_features)], in_features)
+
+
+def pack_quant_cat(parts: list[tuple[torch.Tensor, int, int]], in_features: int) -> torch.Tensor:
+    """One pack of several GGUF tensors stacked on the out dimension, each
+    (raw bytes, ggml type, out_features) with its own type (a Q4_K_M file mixes
+    Q4_K q/k with a Q6_K v). All but the last need a multiple of 64 rows."""
+    for _, ggml_type, _ in parts:
+        _check_type(ggml_type)
+    raws = [raw.reshape(-1).view(torch.uint8).contiguous() for raw, _, _ in parts]
+    return _require().pack_quant(raws, [int(t) for _, t, _ in parts], [int(o) for _, _, o in parts],
+                                 int(in_features))
+
+
+def is_quantized(packed: torch.Tensor) -> bool:
+    """Whether `packed` came from pack_quant (else from pack)."""
+    return packed.dtype == torch.uint8
+
+
+def embedding(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` (int64, any shape) of a quantized pack -> bf16 [*ids.shape, in],
+    each value the bf16 that linear() multiplies by."""
+    return _require().embedding(packed, ids)
+
+
+def dequantize(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The whole bf16 [out, in] matrix a quantized pack stands for."""
+    return embedding(packed, torch.arange(out_features))
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,

@@ -5,10 +5,16 @@
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("init", &init, "CPU has AMX-BF16 and the OS granted tile state");
-  m.def("pack", &pack, "repack a bf16 [out, in] weight into AMX B tiles",
+  m.def("init", &init, "choose the matmul's instruction set: 2 AMX, 1 AVX-512-BF16, 0 none");
+  m.def("pack", &pack, "repack a bf16 [out, in] weight into the tile layout",
         py::call_guard<py::gil_scoped_release>());
-  m.def("linear", &linear, "bf16 x @ W.T (+ bias) from a packed W; row-invariant",
+  m.def("pack_quant", &pack_quant, "repack GGUF block rows (several tensors stacked on out) for the matmul",
+        py::arg("raws"), py::arg("types"), py::arg("outs"), py::arg("in_features"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("embedding", &embedding, "bf16 rows of a quantized pack", py::arg("packed"), py::arg("ids"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("quant_types", &quant_types, "ggml type ids pack_quant supports");
+  m.def("linear", &linear, "bf16 x @ W.T (+ bias) from a packed W (dense or quantized); row-invariant",
         py::arg("x"), py::arg("packed"), py::arg("out"), py::arg("bias") = py::none(),
         py::call_guard<py::gil_scoped_release>());
   m.def("attend", &attend, "row-invariant attention of query rows against per-request caches",

@@ -1,10 +1,15 @@
-"""JIT-build verispec's CPU kernels (the bf16 AMX matmul in gemv_bf16.cpp, the
-row-invariant attention in attention.cpp, the fused decoder layer in layer.cpp)
+"""JIT-build verispec's CPU kernels (the bf16 matmul: AMX in gemv_bf16.cpp,
+AVX-512-BF16 in gemv_avx512.cpp, GGUF block formats in quant*.cpp; the
+row-invariant attention in attention.cpp; the fused decoder layer in layer.cpp)
 once per machine.
+
+One build serves both instruction sets: AMX code runs only where init() found
+AMX and the OS granted its tile state, so the module loads on any CPU with
+AVX-512-BF16 (Intel Cooper Lake and later, AMD Zen 4 and later).
 
 The build lands in $VERISPEC_CACHE/kernels (default ~/.cache/verispec/kernels)
 and later imports reuse it; torch's cpp_extension rebuilds when the source or
-flags change. Anything that stops the kernel (no AMX-BF16, no compiler, a
+flags change. Anything that stops the kernels (no AVX-512-BF16, no compiler, a
 failed build, VERISPEC_NO_KERNELS=1) yields None and one warning: callers keep
 their oneDNN path, so the project works without it.
 """
@@ -15,10 +20,12 @@ import warnings
 from pathlib import Path
 
 _HERE = Path(__file__).parent
-_SOURCES = [_HERE / name for name in ("bindings.cpp", "gemv_bf16.cpp", "attention.cpp", "layer.cpp")]
+_SOURCES = [_HERE / name for name in ("bindings.cpp", "gemv_bf16.cpp", "gemv_avx512.cpp", "quant.cpp",
+                                      "quant_formats.cpp", "attention.cpp", "layer.cpp")]
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-mavx512bf16",
           "-fopenmp"]
-_REQUIRED = ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
+_REQUIRED = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+ISA_NAMES = {1: "avx512-bf16", 2: "amx"}
 
 
 def cpu_flags() -> set[str]:
@@ -46,7 +53,7 @@ def build():
         return None
     missing = [f for f in _REQUIRED if f not in cpu_flags()]
     if missing:
-        warnings.warn(f"verispec: bf16 matmul kernel off (CPU lacks {', '.join(missing)}); "
+        warnings.warn(f"verispec: native kernels off (CPU lacks {', '.join(missing)}); "
                       f"using oneDNN", stacklevel=3)
         return None
     try:
@@ -58,12 +65,12 @@ def build():
                       extra_cflags=_FLAGS, extra_include_paths=[str(_HERE)], extra_ldflags=["-fopenmp"],
                       build_directory=str(_build_dir()), verbose=False)
         if not module.init():
-            warnings.warn("verispec: bf16 matmul kernel off (the OS refused AMX tile state); "
+            warnings.warn("verispec: native kernels off (the CPU reports no AVX-512-BF16); "
                           "using oneDNN", stacklevel=3)
             return None
         return module
     except Exception as err:  # compiler, ninja or headers missing: fall back, don't fail
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
-        warnings.warn(f"verispec: bf16 matmul kernel off (build failed: {first}); using oneDNN",
+        warnings.warn(f"verispec: native kernels off (build failed: {first}); using oneDNN",
                       stacklevel=3)
         return None

@@ -4,10 +4,14 @@
 
 #include <vector>
 
-bool init();
+int64_t init();  // 2: AMX, 1: AVX-512-BF16, 0: neither (see gemv_bf16.cpp)
 at::Tensor pack(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
                   const c10::optional<at::Tensor>& bias);
+at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
+                      const std::vector<int64_t>& outs, int64_t in);
+at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids);
+std::vector<int64_t> quant_types();
 at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
                   const at::Tensor& row_cache, const at::Tensor& row_len,
                   const c10::optional<at::Tensor>& row_index);

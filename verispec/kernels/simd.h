@@ -52,8 +52,19 @@ inline __m512 exp_lanes(__m512 x) {
 }
 
 
-// Masked variants for a tail of `count` < 16 lanes.
+// Masked variants for a tail of `count` <= 16 lanes.
 inline __mmask16 tail_mask(int64_t count) { return (__mmask16)((1u << count) - 1); }
+
+// The bf16 bits of 16 lanes by c10::BFloat16's rule (round to nearest even, any
+// NaN to 0x7fc0), so matmul outputs match torch's float32 -> bf16 cast.
+inline __m256i narrow_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(r);
+}
 
 inline __m512 load_lanes(const at::BFloat16* p, __mmask16 m) {
   const __m256i raw = _mm256_maskz_loadu_epi16(m, p);

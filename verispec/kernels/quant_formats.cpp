@@ -1,0 +1,239 @@
+// Repack and in-register dequantization of each GGUF block format (see
+// quant_formats.h for the tile-block idea and why the values are exact).
+// Every dequant writes, per k pair P, lo = the 16 outputs' weights at k = 2P and
+// hi = at k = 2P + 1, computed with the reference's float32 operations.
+#include "quant_formats.h"
+
+namespace vs::quant {
+namespace {
+
+// Output i of a 32-weight block: its fp16 fields at `field` -> 16 x 2 bytes.
+void copy_field(const uint8_t* const* rows, int field, uint8_t* dst) {
+  for (int i = 0; i < 16; ++i) std::memcpy(dst + 2 * i, rows[i] + field, 2);
+}
+
+// Per pair: byte i = q(output i, 2P) | q(output i, 2P + 1) << 4, for 4-bit `get`.
+template <typename Get>
+void pack_nibbles(const uint8_t* const* rows, int pairs_count, Get get, uint8_t* dst) {
+  for (int p = 0; p < pairs_count; ++p) {
+    for (int i = 0; i < 16; ++i) dst[16 * p + i] = get(rows[i], 2 * p) | (get(rows[i], 2 * p + 1) << 4);
+  }
+}
+
+// Per pair: two 16-bit masks, bit i = the fifth bit of output i at k = 2P, 2P + 1.
+template <typename Get>
+void pack_bits(const uint8_t* const* rows, int pairs_count, Get get, uint8_t* dst) {
+  for (int p = 0; p < pairs_count; ++p) {
+    uint16_t lo = 0, hi = 0;
+    for (int i = 0; i < 16; ++i) {
+      lo |= get(rows[i], 2 * p) << i;
+      hi |= get(rows[i], 2 * p + 1) << i;
+    }
+    std::memcpy(dst + 4 * p, &lo, 2);
+    std::memcpy(dst + 4 * p + 2, &hi, 2);
+  }
+}
+
+// Functions, not globals: the module must load (static init) before any AVX-512 runs.
+#define kEight _mm512_set1_epi32(8)
+#define kSixteen _mm512_set1_epi32(16)
+#define kThirtyTwo _mm512_set1_epi32(32)
+
+// Q4_0: d, qs[16]; w = d * (q - 8). Tile: d[16], nibbles.
+void repack_q4_0(const uint8_t* const* rows, uint8_t* dst) {
+  copy_field(rows, 0, dst);
+  pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 2, e); }, dst + 32);
+}
+void dq_q4_0(const uint8_t* s, uint16_t* dst) {
+  const __m512 d = halves(s);
+  for (int p = 0; p < 16; ++p) {
+    __m512i lo, hi;
+    nibbles(s + 32 + 16 * p, &lo, &hi);
+    put(dst, p, pairs(_mm512_mul_ps(d, lanes(_mm512_sub_epi32(lo, kEight))),
+                      _mm512_mul_ps(d, lanes(_mm512_sub_epi32(hi, kEight)))));
+  }
+}
+
+// Q4_1: d, m, qs[16]; w = d * q + m. Tile: d[16], m[16], nibbles.
+void repack_q4_1(const uint8_t* const* rows, uint8_t* dst) {
+  copy_field(rows, 0, dst);
+  copy_field(rows, 2, dst + 32);
+  pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 4, e); }, dst + 64);
+}
+void dq_q4_1(const uint8_t* s, uint16_t* dst) {
+  const __m512 d = halves(s), m = halves(s + 32);
+  for (int p = 0; p < 16; ++p) {
+    __m512i lo, hi;
+    nibbles(s + 64 + 16 * p, &lo, &hi);
+    put(dst, p, pairs(_mm512_fmadd_ps(d, lanes(lo), m), _mm512_fmadd_ps(d, lanes(hi), m)));
+  }
+}
+
+// Q5_0: d, qh (u32), qs[16]; w = d * ((q | h << 4) - 16). Tile: d[16], nibbles, masks.
+int q5_high(const uint8_t* qh, int e) { return (u32(qh) >> e) & 1; }
+void repack_q5_0(const uint8_t* const* rows, uint8_t* dst) {
+  copy_field(rows, 0, dst);
+  pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 6, e); }, dst + 32);
+  pack_bits(rows, 16, [](const uint8_t* b, int e) { return q5_high(b + 2, e); }, dst + 288);
+}
+void dq_q5_0(const uint8_t* s, uint16_t* dst) {
+  const __m512 d = halves(s);
+  for (int p = 0; p < 16; ++p) {
+    __m512i lo, hi;
+    nibbles(s + 32 + 16 * p, &lo, &hi);
+    lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, mask16(s + 288 + 4 * p), lo, kSixteen), kSixteen);
+    hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, mask16(s + 290 + 4 * p), hi, kSixteen), kSixteen);
+    put(dst, p, pairs(_mm512_mul_ps(d, lanes(lo)), _mm512_mul_ps(d, lanes(hi))));
+  }
+}
+
+// Q5_1: d, m, qh, qs[16]; w = d * (q | h << 4) + m. Tile: d[16], m[16], nibbles, masks.
+void repack_q5_1(const uint8_t* const* rows, uint8_t* dst) {
+  copy_field(rows, 0, dst);
+  copy_field(rows, 2, dst + 32);
+  pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 8, e); }, dst + 64);
+  pack_bits(rows, 16, [](const uint8_t* b, int e) { return q5_high(b + 4, e); }, dst + 320);
+}
+void dq_q5_1(const uint8_t* s, uint16_t* dst) {
+  const __m512 d = halves(s), m = halves(s + 32);
+  for (int p = 0; p < 16; ++p) {
+    __m512i lo, hi;
+    nibbles(s + 64 + 16 * p, &lo, &hi);
+    lo = _mm512_mask_or_epi32(lo, mask16(s + 320 + 4 * p), lo, kSixteen);
+    hi = _mm512_mask_or_epi32(hi, mask16(s + 322 + 4 * p), hi, kSixteen);
+    put(dst, p, pairs(_mm512_fmadd_ps(d, lanes(lo), m), _mm512_fmadd_ps(d, lanes(hi), m)));
+  }
+}
+
+// Q8_0: d, qs[32] int8; w = q * d. Tile: d[16], per pair 16 bytes at k = 2P, 16 at 2P + 1.
+void repack_q8_0(const uint8_t* const* rows, uint8_t* dst) {
+  copy_field(rows, 0, dst);
+  for (int p = 0; p < 16; ++p) {
+    for (int i = 0; i < 16; ++i) {
+      dst[32 + 32 * p + i] = rows[i][2 + 2 * p];
+      dst[48 + 32 * p + i] = rows[i][3 + 2 * p];
+    }
+  }
+}
+void dq_q8_0(const uint8_t* s, uint16_t* dst) {
+  const __m512 d = halves(s);
+  for (int p = 0; p < 16; ++p) {
+    put(dst, p, pairs(_mm512_mul_ps(i8_lanes(s + 32 + 32 * p), d), _mm512_mul_ps(i8_lanes(s + 48 + 32 * p), d)));
+  }
+}
+
+// Q4_K: d, dmin, scales[12], qs[128]; sub-block s of 32: w = (d * sc_s) * q - dmin * m_s.
+// Tile: d[16], dmin[16], sc[8][16], m[8][16] (bytes), nibbles (128 pairs).
+void k_scales(const uint8_t* const* rows, uint8_t* dst) {
+  copy_field(rows, 0, dst);
+  copy_field(rows, 2, dst + 32);
+  for (int s = 0; s < 8; ++s) {
+    for (int i = 0; i < 16; ++i) {
+      int sc, m;
+      scale_min(rows[i] + 4, s, &sc, &m);
+      dst[64 + 16 * s + i] = static_cast<uint8_t>(sc);
+      dst[192 + 16 * s + i] = static_cast<uint8_t>(m);
+    }
+  }
+}
+void repack_q4_k(const uint8_t* const* rows, uint8_t* dst) {
+  k_scales(rows, dst);
+  pack_nibbles(rows, 128, [](const uint8_t* b, int e) { return nib256(b + 16, e); }, dst + 320);
+}
+template <bool kFive>
+void dq_k(const uint8_t* s, uint16_t* dst) {
+  const __m512 d = halves(s), dmin = halves(s + 32);
+  for (int sb = 0; sb < 8; ++sb) {
+    const __m512 scale = _mm512_mul_ps(d, u8_lanes(s + 64 + 16 * sb));
+    const __m512 offset = _mm512_mul_ps(dmin, u8_lanes(s + 192 + 16 * sb));
+    for (int p = 16 * sb; p < 16 * sb + 16; ++p) {
+      __m512i lo, hi;
+      nibbles(s + 320 + 16 * p, &lo, &hi);
+      if constexpr (kFive) {
+        lo = _mm512_mask_or_epi32(lo, mask16(s + 2368 + 4 * p), lo, kSixteen);
+        hi = _mm512_mask_or_epi32(hi, mask16(s + 2370 + 4 * p), hi, kSixteen);
+      }
+      put(dst, p, pairs(_mm512_fmsub_ps(scale, lanes(lo), offset), _mm512_fmsub_ps(scale, lanes(hi), offset)));
+    }
+  }
+}
+
+// Q5_K: d, dmin, scales[12], qh[32], qs[128]: Q4_K's layout plus a fifth bit, bit
+// e / 32 of qh[e % 32]. Tile: Q4_K's, then masks (128 pairs x 4 bytes).
+void repack_q5_k(const uint8_t* const* rows, uint8_t* dst) {
+  k_scales(rows, dst);
+  pack_nibbles(rows, 128, [](const uint8_t* b, int e) { return nib256(b + 48, e); }, dst + 320);
+  pack_bits(rows, 128, [](const uint8_t* b, int e) { return (b[16 + e % 32] >> (e / 32)) & 1; }, dst + 2368);
+}
+
+// Q6_K: ql[128], qh[64], scales[16] int8, d; sub-block s of 16: w = (d * sc_s) * (q - 32),
+// q = low 4 bits from ql | 2 bits from qh << 4. Tile: d[16], sc[16][16], nibbles,
+// then per pair two u32 of 2-bit fields (bits 2i, 2i + 1: output i).
+int q6_low(const uint8_t* b, int e) {
+  const int h = e / 128, r = e % 128;
+  return (b[h * 64 + r % 64] >> (4 * (r / 64))) & 15;
+}
+int q6_high(const uint8_t* b, int e) {
+  const int h = e / 128, r = e % 128;
+  return (b[128 + h * 32 + r % 32] >> (2 * (r / 32))) & 3;
+}
+void repack_q6_k(const uint8_t* const* rows, uint8_t* dst) {
+  copy_field(rows, 208, dst);
+  for (int s = 0; s < 16; ++s) {
+    for (int i = 0; i < 16; ++i) dst[32 + 16 * s + i] = rows[i][192 + s];
+  }
+  pack_nibbles(rows, 128, q6_low, dst + 288);
+  for (int p = 0; p < 128; ++p) {
+    uint32_t lo = 0, hi = 0;
+    for (int i = 0; i < 16; ++i) {
+      lo |= static_cast<uint32_t>(q6_high(rows[i], 2 * p)) << (2 * i);
+      hi |= static_cast<uint32_t>(q6_high(rows[i], 2 * p + 1)) << (2 * i);
+    }
+    std::memcpy(dst + 2336 + 8 * p, &lo, 4);
+    std::memcpy(dst + 2340 + 8 * p, &hi, 4);
+  }
+}
+void dq_q6_k(const uint8_t* s, uint16_t* dst) {
+  const __m512 d = halves(s);
+  const __m512i shifts = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i three = _mm512_set1_epi32(3);
+  for (int sb = 0; sb < 16; ++sb) {
+    const __m512 scale = _mm512_mul_ps(d, i8_lanes(s + 32 + 16 * sb));
+    for (int p = 8 * sb; p < 8 * sb + 8; ++p) {
+      __m512i lo, hi;
+      nibbles(s + 288 + 16 * p, &lo, &hi);
+      const __m512i hl = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(s + 2336 + 8 * p)), shifts), three);
+      const __m512i hh = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(s + 2340 + 8 * p)), shifts), three);
+      lo = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hl, 4)), kThirtyTwo);
+      hi = _mm512_sub_epi32(_mm512_or_si512(hi, _mm512_slli_epi32(hh, 4)), kThirtyTwo);
+      put(dst, p, pairs(_mm512_mul_ps(scale, lanes(lo)), _mm512_mul_ps(scale, lanes(hi))));
+    }
+  }
+}
+
+const Format kFormats[] = {
+    {Q8_0, "Q8_0", 32, 34, 544, repack_q8_0, dq_q8_0},
+    {Q4_0, "Q4_0", 32, 18, 288, repack_q4_0, dq_q4_0},
+    {Q4_1, "Q4_1", 32, 20, 320, repack_q4_1, dq_q4_1},
+    {Q5_0, "Q5_0", 32, 22, 352, repack_q5_0, dq_q5_0},
+    {Q5_1, "Q5_1", 32, 24, 384, repack_q5_1, dq_q5_1},
+    {Q4_K, "Q4_K", 256, 144, 2368, repack_q4_k, dq_k<false>},
+    {Q5_K, "Q5_K", 256, 176, 2880, repack_q5_k, dq_k<true>},
+    {Q6_K, "Q6_K", 256, 210, 3360, repack_q6_k, dq_q6_k},
+};
+
+}  // namespace
+
+const Format* formats(int64_t* count) {
+  *count = sizeof(kFormats) / sizeof(kFormats[0]);
+  return kFormats;
+}
+
+const Format* find(int64_t type) {
+  for (const Format& f : kFormats) {
+    if (f.type == type) return &f;
+  }
+  return nullptr;
+}
+
+}  // namespace vs::quant

@@ -1,0 +1,104 @@
+// GGUF block formats, repacked once at load for dequantization in registers.
+//
+// ggml stores a row as blocks along k: 32 weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
+// or 256 (the K-quants), each with its own scales. A repacked "tile block" holds
+// one block for 16 outputs: their scale fields side by side, then per k pair P
+// the 16 outputs' two quants, so that one load yields the lanes-are-outputs
+// vectors of matmul.h. It is the raw block bytes rearranged (K-quants: 6-bit
+// scales unpacked to bytes, +4 bytes per 256 weights), not dequantized.
+//
+// Exactness: a weight's value is computed as gguf.quants.dequantize does, in
+// float32 with the same operations; every product there is exact (an fp16 scale
+// has 11 significant bits, a 6-bit sub-scale 6, a quant at most 8: at most 24
+// bits), so the one rounding left (Q4_1, Q5_1, Q4_K, Q5_K: a product plus or
+// minus an offset) is the same in a fused multiply-add. Then round to nearest
+// even to bf16, as torch's cast of the reference does.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "matmul.h"
+
+namespace vs::quant {
+
+// ggml type ids (gguf.GGMLQuantizationType).
+enum Type : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+struct Format {
+  int64_t type;
+  const char* name;
+  int64_t block;  // weights per raw block along k
+  int64_t raw_bytes;  // bytes per raw block
+  int64_t tile_bytes;  // bytes per tile block (16 outputs x one block)
+  // rows[i]: output i's raw block (16 of them; a padding output points at zeros).
+  void (*repack)(const uint8_t* const* rows, uint8_t* dst);
+  // Writes pair P of the tile at dst + (P / 16) * kStepElems + (P % 16) * 32 (bf16).
+  void (*dequant)(const uint8_t* src, uint16_t* dst);
+};
+
+const Format* find(int64_t type);  // nullptr when unsupported
+const Format* formats(int64_t* count);
+
+// ---- raw block access (byte layouts as in ggml-common.h / gguf/quants.py) ----
+
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 4-bit quants of a 32-weight block: elements 0..15 in the low nibbles, 16..31 high.
+inline int nib32(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 15 : qs[e - 16] >> 4; }
+
+// 4-bit quants of a 256-weight K block: 64-element chunks of 32 bytes, low then high nibbles.
+inline int nib256(const uint8_t* qs, int e) { return (qs[(e / 64) * 32 + e % 32] >> (4 * ((e % 64) / 32))) & 15; }
+
+// Q4_K / Q5_K 6-bit sub-block scale and min (gguf Q4_K.get_scale_min).
+inline void scale_min(const uint8_t* s, int i, int* sc, int* m) {
+  if (i < 4) {
+    *sc = s[i] & 63;
+    *m = s[i + 4] & 63;
+  } else {
+    *sc = (s[i + 4] & 15) | ((s[i - 4] >> 2) & 0x30);
+    *m = (s[i + 4] >> 4) | ((s[i] >> 2) & 0x30);
+  }
+}
+
+// ---- register helpers ----
+
+inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 u8_lanes(const uint8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))); }
+inline __m512 i8_lanes(const uint8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))); }
+
+// 16 bytes (output i: low nibble = even k, high = odd k) -> two vectors of int32 lanes.
+inline void nibbles(const uint8_t* p, __m512i* lo, __m512i* hi) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  *lo = _mm512_and_si512(v, _mm512_set1_epi32(15));
+  *hi = _mm512_srli_epi32(v, 4);
+}
+
+inline __mmask16 mask16(const uint8_t* p) {
+  uint16_t m;
+  std::memcpy(&m, p, 2);
+  return m;
+}
+
+// Lane i of the result: bf16(lo_i) in the low half, bf16(hi_i) in the high half,
+// i.e. one 64-byte row of the packed layout. VCVTNE2PS2BF16 rounds to nearest even;
+// no value here is an fp32 denormal (all are multiples of 2^-24 or zero).
+inline __m512i pairs(__m512 lo, __m512 hi) {
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // words 0..15 lo, 16..31 hi
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, both);
+}
+
+inline void put(uint16_t* dst, int P, __m512i v) {
+  _mm512_storeu_si512(dst + (P / 16) * kStepElems + (P % 16) * kTileK, v);
+}
+
+inline __m512 lanes(__m512i q) { return _mm512_cvtepi32_ps(q); }
+
+}  // namespace vs::quant
