@@ -44,6 +44,7 @@ def logits_every_way(model: NativeLlama) -> torch.Tensor:
 
 
 def pair(tmp_path, types, shape=TinyShape(), seed=0):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = write_tiny_gguf(tmp_path / "tiny.gguf", types, shape, seed, reference=tmp_path / "ref")
     return path, NativeLlama.from_dir(tmp_path / "ref", torch.bfloat16)
 
@@ -77,11 +78,17 @@ def test_quantized_blocks_equal_dense_bf16(tmp_path, qtype):
 @needs_kernels(Q.Q4_K, Q.Q6_K, Q.Q8_0)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_mixed_formats_of_a_q4_k_m_file(tmp_path, arch):
-    """q/k in Q4_K with v in Q6_K cannot be one pack: those layers run their
-    matmuls one by one, and still give the dense logits bit for bit."""
+    """q/k in Q4_K with v in Q6_K share one pack of mixed blocks; where a part does
+    not span whole 64-row tiles (one kv head of 32 rows) the parts run one by one.
+    The dense logits bit for bit either way."""
     path, reference = pair(tmp_path, Q4_K_M, TinyShape(arch=arch, intermediate=768))
     quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
-    assert quant.layers[0].qkv.format == "Q4_K+Q6_K"
+    assert quant.layers[0].qkv.format == "Q4_K+Q6_K" and quant.layers[0].qkv.kernel
+    assert torch.equal(logits_every_way(quant), logits_every_way(reference))
+    odd = TinyShape(arch=arch, heads=8, kv_heads=1, hidden=256)  # k: 32 rows, not a 64-row tile
+    path, reference = pair(tmp_path / "odd", Q4_K_M | {"q": Q.Q6_K, "k": Q.Q4_K}, odd)
+    quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
+    assert quant.layers[0].qkv.format == "Q6_K+Q4_K" and not quant.layers[0].qkv.kernel
     assert torch.equal(logits_every_way(quant), logits_every_way(reference))
 
 

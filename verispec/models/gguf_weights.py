@@ -180,7 +180,9 @@ class _Builder:
         biases = [self.dense(b, (r,)) for b, r in zip(bias, rows)] if bias else None
         quant = [self.quantizable(n) for n in names]
         types = {i.ggml_type for i, q in zip(infos, quant) if q}
-        if all(quant) and len(types) == 1:
+        # The kernels stack differently typed parts in one pack (a Q4_K_M file's
+        # Q4_K q/k with a Q6_K v) when every part but the last spans whole 64-row tiles.
+        if all(quant) and (len(types) == 1 or all(r % 64 == 0 for r in rows[:-1])):
             return self._packed(names, infos, rows, cols, biases)
         if not any(quant):
             weight = torch.cat([self.dense(n, (r, cols)) for n, r in zip(names, rows)])
@@ -194,12 +196,17 @@ class _Builder:
 
     def _packed(self, names, infos, rows, cols, biases) -> Linear:
         raws = [self.raw(n) for n in names]
-        for n, raw, r in zip(names, raws, rows):
-            self.record_sample(n, raw, infos[0].ggml_type, (r, cols))
-        raw = np.concatenate(raws) if len(raws) > 1 else raws[0].copy()  # off the mapped file
-        packed = kernels.pack_quant(torch.from_numpy(raw), infos[0].ggml_type, sum(rows), cols)
-        return Linear.from_pack(packed, sum(rows), cols, torch.cat(biases) if biases else None,
-                                infos[0].type_name)
+        for n, raw, info, r in zip(names, raws, infos, rows):
+            self.record_sample(n, raw, info.ggml_type, (r, cols))
+        kinds = [info.ggml_type for info in infos]
+        if len(set(kinds)) == 1:
+            raw = np.concatenate(raws) if len(raws) > 1 else raws[0].copy()  # off the mapped file
+            packed = kernels.pack_quant(torch.from_numpy(raw), kinds[0], sum(rows), cols)
+        else:
+            packed = kernels.pack_quant_cat([(torch.from_numpy(raw.copy()), kind, r)
+                                             for raw, kind, r in zip(raws, kinds, rows)], cols)
+        fmt = "+".join(dict.fromkeys(info.type_name for info in infos))
+        return Linear.from_pack(packed, sum(rows), cols, torch.cat(biases) if biases else None, fmt)
 
     def embedding(self) -> tuple[Embedding, Linear]:
         vocab, hidden = self.spec.vocab_size, self.spec.hidden_size
