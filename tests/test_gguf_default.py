@@ -14,7 +14,7 @@ from verispec import kernels
 from verispec.models import loading
 from verispec.models.llama import NativeLlama
 
-PROMPT = ("The quick brown fox jumps over the lazy dog. " * 12
+PROMPT = ("The quick brown fox jumps over the lazy dog. " * 20
           + "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 4)
 
 
