@@ -57,7 +57,7 @@ def _interleave(rows: int, heads: int) -> np.ndarray:
 
 def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinyShape = TinyShape(),
                     seed: int = 0, reference: Path | None = None, vocab_strings: bool = False,
-                    corrupt_shape: str | None = None) -> Path:
+                    corrupt_shape: str | None = None, eos: int | None = 1) -> Path:
     """A random-weight model in GGUF. `types` maps a tensor kind (embed, head, q, k,
     v, o, gate, up, down) to its block type, or gives one for all. `reference`:
     also write the dequantized weights, transformers' order, as a safetensors
@@ -76,7 +76,8 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_rope_dimension_count(s.head_dim)
-    writer.add_eos_token_id(1)
+    if eos is not None:
+        writer.add_eos_token_id(eos)
     if vocab_strings:
         writer.add_tokenizer_model("gpt2")
         writer.add_token_list([f"t{i}" for i in range(s.vocab)])
@@ -121,11 +122,12 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
     writer.write_tensors_to_file()
     writer.close()
     if reference is not None:
-        _write_reference(reference, dense, s)
+        _write_reference(reference, dense, s, eos)
     return path
 
 
-def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape) -> None:
+def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape,
+                     eos: int | None) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -136,5 +138,5 @@ def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape)
               "head_dim": s.head_dim, "rms_norm_eps": float(np.float32(1e-5)),  # GGUF's float32
               "max_position_embeddings": s.context,
               "rope_theta": 10000.0, "tie_word_embeddings": s.tied, "hidden_act": "silu",
-              "eos_token_id": 1}
+              "eos_token_id": eos}
     (folder / "config.json").write_text(json.dumps(config))
