@@ -28,6 +28,7 @@ _MAX_DIMS = 4
 # GGUF value types -> struct code; 7 is bool, 8 string, 9 array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_STRUCTS = {code: struct.Struct("<" + code) for code in (*_SCALARS.values(), "I", "Q")}
 
 
 class GGUFError(ValueError):
@@ -79,9 +80,10 @@ class GGUFFile:
 
     # -- header -------------------------------------------------------------
     def _take(self, fmt: str):
-        values = struct.unpack_from("<" + fmt, self._map, self._pos)
-        self._pos += struct.calcsize("<" + fmt)
-        return values[0] if len(values) == 1 else values
+        packed = _STRUCTS[fmt]
+        (value,) = packed.unpack_from(self._map, self._pos)
+        self._pos += packed.size
+        return value
 
     def _string(self) -> str:
         length = self._take("Q")
@@ -107,11 +109,14 @@ class GGUFFile:
         if count > self.size:
             raise GGUFError(f"{self.path.name}: corrupt GGUF metadata ({key} claims {count} items)")
         if elem == _STRING:
-            start = self._pos
+            # Only skipped here (a vocabulary is ~100k strings); a length past the
+            # end makes the next unpack fail, which reads as a truncated header.
+            start = pos = self._pos
+            unpack, buf = _STRUCTS["Q"].unpack_from, self._map
             for _ in range(count):
-                length = self._take("Q")
-                self._need(length, f"an item of {key}")
-                self._pos += length
+                pos += 8 + unpack(buf, pos)[0]
+            self._pos = pos
+            self._need(0, f"the items of {key}")
             return StringArray(start, count)
         if elem not in _SCALARS:
             raise GGUFError(f"{self.path.name}: corrupt GGUF metadata (array type {elem} for {key})")

@@ -101,7 +101,7 @@ class NativeLlama(TargetModel):
                    batch_invariant=batch_invariant, cache_limit=cache_limit)
 
     @classmethod
-    def from_gguf(cls, path: str | Path, dtype: torch.dtype = torch.bfloat16,
+    def from_gguf(cls, path: "str | Path | GGUFFile", dtype: torch.dtype = torch.bfloat16,
                   device: torch.device | str = "cpu", quant: bool = True,
                   batch_invariant: bool = False, cache_limit: int = DEFAULT_CACHE_LIMIT,
                   quiet: bool = False) -> "NativeLlama":
@@ -110,7 +110,8 @@ class NativeLlama(TargetModel):
         from .gguf_file import GGUFFile
         from .gguf_weights import hf_config, load_gguf_weights
 
-        gf = GGUFFile(path)
+        gf = path if isinstance(path, GGUFFile) else GGUFFile(path)
+        path = gf.path
         config = hf_config(gf)
         spec = parse_config(config)
         device = torch.device(device)

@@ -178,7 +178,7 @@ def gguf_source(source: str | None) -> Path | None:
     return path if path.is_file() and path.suffix == ".gguf" else None
 
 
-def gguf_tokenizer(gguf: Path, quiet: bool = False):
+def gguf_tokenizer(gguf: Path, quiet: bool = False, has_vocab: bool | None = None):
     """The file's own tokenizer and chat template, built by transformers once and
     cached as tokenizer.json (a few MB); None for a file without a vocabulary."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -187,7 +187,9 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False):
 
     folder = cache_root() / "tokenizers" / _gguf_cache_dir(gguf).name
     if not (folder / "tokenizer.json").exists():
-        if "tokenizer.ggml.model" not in GGUFFile(gguf).metadata:
+        if has_vocab is None:
+            has_vocab = "tokenizer.ggml.model" in GGUFFile(gguf).metadata
+        if not has_vocab:
             return None
         if not quiet:
             print(f"verispec: reading {gguf.name}'s tokenizer once, cached in {folder}",
@@ -236,10 +238,11 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         if weights == "quant":
             raise ValueError(f"--weights quant: {reason}; use --weights dense")
         return None
-    del gf
-    target = NativeLlama.from_gguf(gguf, torch_dtype, dev, quant=True,
+    target = NativeLlama.from_gguf(gf, torch_dtype, dev, quant=True,
                                    batch_invariant=batch_invariant)
-    return LoadedTarget(target, gguf_tokenizer(gguf), "native", "quant")
+    has_vocab = "tokenizer.ggml.model" in gf.metadata
+    del gf  # the packs hold the weights; the file's pages can go
+    return LoadedTarget(target, gguf_tokenizer(gguf, has_vocab=has_vocab), "native", "quant")
 
 
 def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dtype | None = None,
@@ -249,11 +252,6 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     where it supports the architecture and falls back to transformers.
     `weights` (GGUF files): quant runs the blocks in the kernels, dense the
     dequantized matrices, auto quant where it can."""
-    from transformers import AutoTokenizer
-
-    from .hf import HFModel
-    from .llama import NativeLlama
-
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if weights not in WEIGHTS:
@@ -265,6 +263,13 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         loaded = _load_quant(gguf, weights, backend, dtype, device, batch_invariant)
         if loaded is not None:
             return loaded
+    # Imported here: transformers' modeling code takes seconds to import, and the
+    # quantized path above never needs it.
+    from transformers import AutoTokenizer
+
+    from .hf import HFModel
+    from .llama import NativeLlama
+
     folder = resolve_model_dir(source)
     config = json.loads((folder / "config.json").read_text())
     native_ok = NativeLlama.supports(config)

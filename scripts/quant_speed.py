@@ -1,0 +1,175 @@
+"""Plain decoding cost of a GGUF file's quantized weights in verispec's kernels,
+against the same file dequantized to dense bf16 and against llama.cpp.
+
+Contenders take turns one decode step at a time (each on its own cache, the
+context growing by one token per step), so load from other processes hits them
+alike; figures are medians. Also: the memory-bandwidth bound of the bytes each
+token reads, T(n)/T(1) of an n-token forward (verification cost), and peak RSS
+at load and while decoding (each contender in a fresh process).
+
+  python scripts/quant_speed.py                      # default model, 1 and 2 threads
+  python scripts/quant_speed.py --model /work/synth/synth-0.5b-Q4_K_M.gguf --no-dense
+  python scripts/quant_speed.py --rss                # peak RSS instead of timings
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's verispec
+
+import torch  # noqa: E402
+
+
+def load(kind: str, model: str | None):
+    from verispec.models.loading import gguf_source, load_target
+
+    if kind == "llamacpp":
+        from llama_cpp import Llama
+
+        return Llama(str(gguf_source(model)), n_ctx=1024, n_threads=torch.get_num_threads(),
+                     n_threads_batch=torch.get_num_threads(), verbose=False)
+    return load_target(model, dtype="bf16", weights=kind).target
+
+
+def read_bandwidth_gbs(nbytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Read bandwidth (GB/s) of a sum over a buffer far larger than the caches."""
+    buffer = torch.ones(nbytes // 2, dtype=torch.bfloat16)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum(dtype=torch.float32)
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def weight_bytes(model) -> int:
+    """Bytes one decode step reads: every layer matrix and the LM head (the
+    embedding lookup reads a row)."""
+    w = model.weights
+    lins = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    lins.append(w.lm_head)
+    total = 0
+    for lin in lins:
+        parts = getattr(lin, "parts", [lin])
+        total += sum(p.weight.numel() * p.weight.element_size() for p in parts)
+    return total
+
+
+def decode_ms(models: dict, tokens: list[int], context: int, steps: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    caches = {}
+    for label, model in models.items():
+        if label == "llamacpp":
+            model.reset()
+            model.eval(tokens[:context])
+        else:
+            caches[label] = model.new_cache(context + steps + 1)
+            model.forward(torch.tensor(tokens[:context]), caches[label], num_logits=1)
+    times = {label: [] for label in models}
+    for step in range(steps):
+        token = tokens[context + step]
+        for label, model in models.items():
+            start = time.perf_counter()
+            if label == "llamacpp":
+                model.eval([token])
+            else:
+                model.forward(torch.tensor([token]), caches[label])
+            times[label].append(time.perf_counter() - start)
+    return {label: statistics.median(v) * 1e3 for label, v in times.items()}
+
+
+def cost_curve(model, tokens: list[int], context: int, max_n: int, repeats: int) -> dict:
+    """Median ms of an n-token forward (all logits) after `context`, n = 1..max_n,
+    interleaved over n and rolled back after each."""
+    cache = model.new_cache(context + max_n + 1)
+    model.forward(torch.tensor(tokens[:context]), cache, num_logits=1)
+    times = {n: [] for n in range(1, max_n + 1)}
+    block = torch.tensor(tokens[context:context + max_n])
+    for _ in range(repeats):
+        for n in times:
+            start = time.perf_counter()
+            model.forward(block[:n], cache)
+            times[n].append(time.perf_counter() - start)
+            cache.truncate(context)
+    return {n: statistics.median(v) * 1e3 for n, v in times.items()}
+
+
+def rss_child(kind: str, model: str | None, threads: int) -> dict:
+    """Run in a fresh process: peak RSS (MiB) after load and after 64 decode steps."""
+    import resource
+
+    torch.set_num_threads(threads)
+    loaded = load(kind, model)
+    after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    tokens = list(range(1000, 1300))
+    decode_ms({kind: loaded}, tokens, 200, 64, threads)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"kind": kind, "load_peak_mib": round(after_load), "decode_peak_mib": round(peak)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[-1])
+    p.add_argument("--model", default=None, help="a .gguf file (default: the embedded model)")
+    p.add_argument("--threads", default="1,2", help="comma list of thread counts")
+    p.add_argument("--context", type=int, default=200)
+    p.add_argument("--steps", type=int, default=64, help="decode steps per contender")
+    p.add_argument("--max-n", type=int, default=32, help="largest n of T(n)/T(1)")
+    p.add_argument("--repeats", type=int, default=7, help="repeats per n of T(n)")
+    p.add_argument("--no-dense", action="store_true", help="skip the dense bf16 contender")
+    p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
+    p.add_argument("--rss", action="store_true", help="peak RSS per contender instead")
+    p.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    if args.rss_child:
+        print(json.dumps(rss_child(args.rss_child, args.model, threads[0])))
+        return 0
+    import importlib.util
+
+    kinds = ["quant"] + ([] if args.no_dense else ["dense"])
+    if not args.no_llamacpp and importlib.util.find_spec("llama_cpp") is not None:
+        kinds.append("llamacpp")
+    if args.rss:
+        from verispec.models.loading import gguf_source
+
+        size = gguf_source(args.model).stat().st_size / 2**20
+        print(f"file {size:.0f} MiB")
+        for kind in kinds:
+            out = subprocess.run([sys.executable, __file__, "--rss-child", kind, "--threads",
+                                  str(threads[0])] + (["--model", args.model] if args.model else []),
+                                 capture_output=True, text=True, check=True)
+            print(out.stdout.strip().splitlines()[-1])
+        return 0
+    models = {kind: load(kind, args.model) for kind in kinds}
+    tokens = list(range(1000, 1000 + args.context + args.steps + args.max_n + 1))
+    for kind in ("quant", "dense"):
+        if kind in models:
+            mib = weight_bytes(models[kind]) / 2**20
+            print(f"{kind}: {mib:.1f} MiB of weights read per token")
+    for t in threads:
+        torch.set_num_threads(t)
+        bw = read_bandwidth_gbs()
+        ms = decode_ms(models, tokens, args.context, args.steps, t)
+        line = ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())
+        bound = weight_bytes(models["quant"]) / bw / 1e6
+        ratios = ", ".join(f"{k}/quant {v / ms['quant']:.2f}x" for k, v in ms.items() if k != "quant")
+        print(f"threads {t}: {line}; {ratios}; read bandwidth {bw:.1f} GB/s -> quant bound "
+              f"{bound:.2f} ms ({bound / ms['quant']:.0%} of it reached)")
+    for t in threads:
+        torch.set_num_threads(t)
+        curve = cost_curve(models["quant"], tokens, args.context, args.max_n, args.repeats)
+        ratios = " ".join(f"{n}:{curve[n] / curve[1]:.2f}" for n in curve)
+        print(f"threads {t}: quant T(n)/T(1), T(1) {curve[1]:.2f} ms: {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
