@@ -9,6 +9,7 @@
 // then never straddles two of them.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
@@ -50,13 +51,20 @@ std::string supported() {
   return names;
 }
 
-// Tile j of group g, blocks [b0, b1), into the packed layout at buf (k tile b0 * bt first).
-void dequant_tile(const View& v, int64_t g, int j, int64_t b0, int64_t b1, uint16_t* buf) {
+constexpr int64_t kAheadBytes = 8 << 10;  // quant stream requested ahead of the dequantization
+
+// Tiles [j0, j1) of group g, blocks [b0, b1), into the packed layout at buf (k tile
+// b0 * bt first). Blocks outer, tiles inner: the group's bytes are read in order.
+void dequant_blocks(const View& v, int64_t g, int j0, int j1, int64_t b0, int64_t b1, uint16_t* buf) {
   const quant::Format* f = quant::find(v.type[g]);
   const int64_t bt = f->block / kTileK;
   const uint8_t* gd = v.data + v.offset[g];
   for (int64_t b = b0; b < b1; ++b) {
-    f->dequant(gd + (b * kGroupTiles + j) * f->tile_bytes, buf + (b - b0) * bt * kStepElems + j * kTileElems);
+    for (int j = j0; j < j1; ++j) {
+      const uint8_t* src = gd + (b * kGroupTiles + j) * f->tile_bytes;
+      for (int64_t line = 0; line < f->tile_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(src + kAheadBytes + line), _MM_HINT_T0);
+      f->dequant(src, buf + (b - b0) * bt * kStepElems + j * kTileElems);
+    }
   }
 }
 
@@ -79,7 +87,7 @@ ChunkFn quant_chunks(const at::Tensor& packed) {
   return [v](int64_t g, int64_t kt0, int64_t count, uint16_t* buf) {
     const int64_t bt = quant::find(v.type[g])->block / kTileK;
     TORCH_CHECK(kt0 % bt == 0 && count % bt == 0, "quant chunk not aligned to its blocks");
-    for (int j = 0; j < kGroupTiles; ++j) dequant_tile(v, g, j, kt0 / bt, (kt0 + count) / bt, buf);
+    dequant_blocks(v, g, 0, kGroupTiles, kt0 / bt, (kt0 + count) / bt, buf);
     return static_cast<const uint16_t*>(buf);
   };
 }
@@ -172,7 +180,7 @@ at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t g = id[r] / kGroupOut, j = (id[r] % kGroupOut) / 16, col = id[r] % 16;
       const int64_t blocks = in / vs::quant::find(v.type[g])->block;
-      vs::dequant_tile(v, g, static_cast<int>(j), 0, blocks, buf.data());
+      vs::dequant_blocks(v, g, static_cast<int>(j), static_cast<int>(j) + 1, 0, blocks, buf.data());
       for (int64_t k = 0; k < in; ++k) {
         yp[r * in + k] = buf[(k / kTileK) * vs::kStepElems + j * vs::kTileElems + ((k % kTileK) / 2) * kTileK +
                              2 * col + k % 2];

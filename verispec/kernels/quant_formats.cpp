@@ -1,7 +1,8 @@
 // Repack and in-register dequantization of each GGUF block format (see
 // quant_formats.h for the tile-block idea and why the values are exact).
-// Every dequant writes, per k pair P, lo = the 16 outputs' weights at k = 2P and
-// hi = at k = 2P + 1, computed with the reference's float32 operations.
+// Every dequant writes, per k pair P, the two halves lo and hi of one packed row
+// (outputs 0-7 and 8-15, each with k = 2P and 2P + 1 side by side), computed
+// with the reference's float32 operations; per-output scales are spread to match.
 #include "quant_formats.h"
 
 namespace vs::quant {
@@ -12,22 +13,28 @@ void copy_field(const uint8_t* const* rows, int field, uint8_t* dst) {
   for (int i = 0; i < 16; ++i) std::memcpy(dst + 2 * i, rows[i] + field, 2);
 }
 
-// Per pair: byte i = q(output i, 2P) | q(output i, 2P + 1) << 4, for 4-bit `get`.
+// q of lane t of half h at pair p (quant_formats.h's lane order).
+template <typename Get>
+int lane_q(const uint8_t* const* rows, Get get, int t, int half, int p) {
+  return get(rows[lane_output(t, half)], lane_k(t, p));
+}
+
+// Per pair: byte t = q(lane t of half a) | q(lane t of half b) << 4, for 4-bit `get`.
 template <typename Get>
 void pack_nibbles(const uint8_t* const* rows, int pairs_count, Get get, uint8_t* dst) {
   for (int p = 0; p < pairs_count; ++p) {
-    for (int i = 0; i < 16; ++i) dst[16 * p + i] = get(rows[i], 2 * p) | (get(rows[i], 2 * p + 1) << 4);
+    for (int t = 0; t < 16; ++t) dst[16 * p + t] = lane_q(rows, get, t, 0, p) | (lane_q(rows, get, t, 1, p) << 4);
   }
 }
 
-// Per pair: two 16-bit masks, bit i = the fifth bit of output i at k = 2P, 2P + 1.
+// Per pair: two 16-bit masks (halves a, b), bit t = the fifth bit of lane t.
 template <typename Get>
 void pack_bits(const uint8_t* const* rows, int pairs_count, Get get, uint8_t* dst) {
   for (int p = 0; p < pairs_count; ++p) {
     uint16_t lo = 0, hi = 0;
-    for (int i = 0; i < 16; ++i) {
-      lo |= get(rows[i], 2 * p) << i;
-      hi |= get(rows[i], 2 * p + 1) << i;
+    for (int t = 0; t < 16; ++t) {
+      lo |= lane_q(rows, get, t, 0, p) << t;
+      hi |= lane_q(rows, get, t, 1, p) << t;
     }
     std::memcpy(dst + 4 * p, &lo, 2);
     std::memcpy(dst + 4 * p + 2, &hi, 2);
@@ -45,12 +52,13 @@ void repack_q4_0(const uint8_t* const* rows, uint8_t* dst) {
   pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 2, e); }, dst + 32);
 }
 void dq_q4_0(const uint8_t* s, uint16_t* dst) {
-  const __m512 d = halves(s);
+  __m512 da, db;
+  spread(halves(s), &da, &db);
   for (int p = 0; p < 16; ++p) {
     __m512i lo, hi;
     nibbles(s + 32 + 16 * p, &lo, &hi);
-    put(dst, p, pairs(_mm512_mul_ps(d, lanes(_mm512_sub_epi32(lo, kEight))),
-                      _mm512_mul_ps(d, lanes(_mm512_sub_epi32(hi, kEight)))));
+    put(dst, p, pairs(_mm512_mul_ps(da, lanes(_mm512_sub_epi32(lo, kEight))),
+                      _mm512_mul_ps(db, lanes(_mm512_sub_epi32(hi, kEight)))));
   }
 }
 
@@ -61,11 +69,13 @@ void repack_q4_1(const uint8_t* const* rows, uint8_t* dst) {
   pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 4, e); }, dst + 64);
 }
 void dq_q4_1(const uint8_t* s, uint16_t* dst) {
-  const __m512 d = halves(s), m = halves(s + 32);
+  __m512 da, db, ma, mb;
+  spread(halves(s), &da, &db);
+  spread(halves(s + 32), &ma, &mb);
   for (int p = 0; p < 16; ++p) {
     __m512i lo, hi;
     nibbles(s + 64 + 16 * p, &lo, &hi);
-    put(dst, p, pairs(_mm512_fmadd_ps(d, lanes(lo), m), _mm512_fmadd_ps(d, lanes(hi), m)));
+    put(dst, p, pairs(_mm512_fmadd_ps(da, lanes(lo), ma), _mm512_fmadd_ps(db, lanes(hi), mb)));
   }
 }
 
@@ -77,13 +87,14 @@ void repack_q5_0(const uint8_t* const* rows, uint8_t* dst) {
   pack_bits(rows, 16, [](const uint8_t* b, int e) { return q5_high(b + 2, e); }, dst + 288);
 }
 void dq_q5_0(const uint8_t* s, uint16_t* dst) {
-  const __m512 d = halves(s);
+  __m512 da, db;
+  spread(halves(s), &da, &db);
   for (int p = 0; p < 16; ++p) {
     __m512i lo, hi;
     nibbles(s + 32 + 16 * p, &lo, &hi);
     lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, mask16(s + 288 + 4 * p), lo, kSixteen), kSixteen);
     hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, mask16(s + 290 + 4 * p), hi, kSixteen), kSixteen);
-    put(dst, p, pairs(_mm512_mul_ps(d, lanes(lo)), _mm512_mul_ps(d, lanes(hi))));
+    put(dst, p, pairs(_mm512_mul_ps(da, lanes(lo)), _mm512_mul_ps(db, lanes(hi))));
   }
 }
 
@@ -95,30 +106,33 @@ void repack_q5_1(const uint8_t* const* rows, uint8_t* dst) {
   pack_bits(rows, 16, [](const uint8_t* b, int e) { return q5_high(b + 4, e); }, dst + 320);
 }
 void dq_q5_1(const uint8_t* s, uint16_t* dst) {
-  const __m512 d = halves(s), m = halves(s + 32);
+  __m512 da, db, ma, mb;
+  spread(halves(s), &da, &db);
+  spread(halves(s + 32), &ma, &mb);
   for (int p = 0; p < 16; ++p) {
     __m512i lo, hi;
     nibbles(s + 64 + 16 * p, &lo, &hi);
     lo = _mm512_mask_or_epi32(lo, mask16(s + 320 + 4 * p), lo, kSixteen);
     hi = _mm512_mask_or_epi32(hi, mask16(s + 322 + 4 * p), hi, kSixteen);
-    put(dst, p, pairs(_mm512_fmadd_ps(d, lanes(lo), m), _mm512_fmadd_ps(d, lanes(hi), m)));
+    put(dst, p, pairs(_mm512_fmadd_ps(da, lanes(lo), ma), _mm512_fmadd_ps(db, lanes(hi), mb)));
   }
 }
 
-// Q8_0: d, qs[32] int8; w = q * d. Tile: d[16], per pair 16 bytes at k = 2P, 16 at 2P + 1.
+// Q8_0: d, qs[32] int8; w = q * d. Tile: d[16], per pair 16 bytes per half.
 void repack_q8_0(const uint8_t* const* rows, uint8_t* dst) {
   copy_field(rows, 0, dst);
   for (int p = 0; p < 16; ++p) {
-    for (int i = 0; i < 16; ++i) {
-      dst[32 + 32 * p + i] = rows[i][2 + 2 * p];
-      dst[48 + 32 * p + i] = rows[i][3 + 2 * p];
+    for (int t = 0; t < 16; ++t) {
+      dst[32 + 32 * p + t] = rows[lane_output(t, 0)][2 + lane_k(t, p)];
+      dst[48 + 32 * p + t] = rows[lane_output(t, 1)][2 + lane_k(t, p)];
     }
   }
 }
 void dq_q8_0(const uint8_t* s, uint16_t* dst) {
-  const __m512 d = halves(s);
+  __m512 da, db;
+  spread(halves(s), &da, &db);
   for (int p = 0; p < 16; ++p) {
-    put(dst, p, pairs(_mm512_mul_ps(i8_lanes(s + 32 + 32 * p), d), _mm512_mul_ps(i8_lanes(s + 48 + 32 * p), d)));
+    put(dst, p, pairs(_mm512_mul_ps(i8_lanes(s + 32 + 32 * p), da), _mm512_mul_ps(i8_lanes(s + 48 + 32 * p), db)));
   }
 }
 
@@ -144,8 +158,9 @@ template <bool kFive>
 void dq_k(const uint8_t* s, uint16_t* dst) {
   const __m512 d = halves(s), dmin = halves(s + 32);
   for (int sb = 0; sb < 8; ++sb) {
-    const __m512 scale = _mm512_mul_ps(d, u8_lanes(s + 64 + 16 * sb));
-    const __m512 offset = _mm512_mul_ps(dmin, u8_lanes(s + 192 + 16 * sb));
+    __m512 sa, sb_, oa, ob;
+    spread(_mm512_mul_ps(d, u8_lanes(s + 64 + 16 * sb)), &sa, &sb_);
+    spread(_mm512_mul_ps(dmin, u8_lanes(s + 192 + 16 * sb)), &oa, &ob);
     for (int p = 16 * sb; p < 16 * sb + 16; ++p) {
       __m512i lo, hi;
       nibbles(s + 320 + 16 * p, &lo, &hi);
@@ -153,7 +168,7 @@ void dq_k(const uint8_t* s, uint16_t* dst) {
         lo = _mm512_mask_or_epi32(lo, mask16(s + 2368 + 4 * p), lo, kSixteen);
         hi = _mm512_mask_or_epi32(hi, mask16(s + 2370 + 4 * p), hi, kSixteen);
       }
-      put(dst, p, pairs(_mm512_fmsub_ps(scale, lanes(lo), offset), _mm512_fmsub_ps(scale, lanes(hi), offset)));
+      put(dst, p, pairs(_mm512_fmsub_ps(sa, lanes(lo), oa), _mm512_fmsub_ps(sb_, lanes(hi), ob)));
     }
   }
 }
@@ -168,7 +183,7 @@ void repack_q5_k(const uint8_t* const* rows, uint8_t* dst) {
 
 // Q6_K: ql[128], qh[64], scales[16] int8, d; sub-block s of 16: w = (d * sc_s) * (q - 32),
 // q = low 4 bits from ql | 2 bits from qh << 4. Tile: d[16], sc[16][16], nibbles,
-// then per pair two u32 of 2-bit fields (bits 2i, 2i + 1: output i).
+// then per pair two u32 (halves a, b) of 2-bit fields (bits 2t, 2t + 1: lane t).
 int q6_low(const uint8_t* b, int e) {
   const int h = e / 128, r = e % 128;
   return (b[h * 64 + r % 64] >> (4 * (r / 64))) & 15;
@@ -185,9 +200,9 @@ void repack_q6_k(const uint8_t* const* rows, uint8_t* dst) {
   pack_nibbles(rows, 128, q6_low, dst + 288);
   for (int p = 0; p < 128; ++p) {
     uint32_t lo = 0, hi = 0;
-    for (int i = 0; i < 16; ++i) {
-      lo |= static_cast<uint32_t>(q6_high(rows[i], 2 * p)) << (2 * i);
-      hi |= static_cast<uint32_t>(q6_high(rows[i], 2 * p + 1)) << (2 * i);
+    for (int t = 0; t < 16; ++t) {
+      lo |= static_cast<uint32_t>(lane_q(rows, q6_high, t, 0, p)) << (2 * t);
+      hi |= static_cast<uint32_t>(lane_q(rows, q6_high, t, 1, p)) << (2 * t);
     }
     std::memcpy(dst + 2336 + 8 * p, &lo, 4);
     std::memcpy(dst + 2340 + 8 * p, &hi, 4);
@@ -198,7 +213,8 @@ void dq_q6_k(const uint8_t* s, uint16_t* dst) {
   const __m512i shifts = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i three = _mm512_set1_epi32(3);
   for (int sb = 0; sb < 16; ++sb) {
-    const __m512 scale = _mm512_mul_ps(d, i8_lanes(s + 32 + 16 * sb));
+    __m512 sa, sb_;
+    spread(_mm512_mul_ps(d, i8_lanes(s + 32 + 16 * sb)), &sa, &sb_);
     for (int p = 8 * sb; p < 8 * sb + 8; ++p) {
       __m512i lo, hi;
       nibbles(s + 288 + 16 * p, &lo, &hi);
@@ -206,7 +222,7 @@ void dq_q6_k(const uint8_t* s, uint16_t* dst) {
       const __m512i hh = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(s + 2340 + 8 * p)), shifts), three);
       lo = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hl, 4)), kThirtyTwo);
       hi = _mm512_sub_epi32(_mm512_or_si512(hi, _mm512_slli_epi32(hh, 4)), kThirtyTwo);
-      put(dst, p, pairs(_mm512_mul_ps(scale, lanes(lo)), _mm512_mul_ps(scale, lanes(hi))));
+      put(dst, p, pairs(_mm512_mul_ps(sa, lanes(lo)), _mm512_mul_ps(sb_, lanes(hi))));
     }
   }
 }

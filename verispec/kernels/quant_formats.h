@@ -3,8 +3,8 @@
 // ggml stores a row as blocks along k: 32 weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
 // or 256 (the K-quants), each with its own scales. A repacked "tile block" holds
 // one block for 16 outputs: their scale fields side by side, then per k pair P
-// the 16 outputs' two quants, so that one load yields the lanes-are-outputs
-// vectors of matmul.h. It is the raw block bytes rearranged (K-quants: 6-bit
+// the 16 outputs' two quants in the order of one packed row of matmul.h
+// (output-major, k pair inner), so that a load, a convert and a scale give it. It is the raw block bytes rearranged (K-quants: 6-bit
 // scales unpacked to bytes, +4 bytes per 256 weights), not dequantized.
 //
 // Exactness: a weight's value is computed as gguf.quants.dequantize does, in
@@ -72,7 +72,8 @@ inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si2
 inline __m512 u8_lanes(const uint8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))); }
 inline __m512 i8_lanes(const uint8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))); }
 
-// 16 bytes (output i: low nibble = even k, high = odd k) -> two vectors of int32 lanes.
+// 16 bytes (byte t: low nibble = lane t of half a, high nibble = lane t of half b)
+// -> the two halves as int32 lanes.
 inline void nibbles(const uint8_t* p, __m512i* lo, __m512i* hi) {
   const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   *lo = _mm512_and_si512(v, _mm512_set1_epi32(15));
@@ -85,15 +86,21 @@ inline __mmask16 mask16(const uint8_t* p) {
   return m;
 }
 
-// Lane i of the result: bf16(lo_i) in the low half, bf16(hi_i) in the high half,
-// i.e. one 64-byte row of the packed layout. VCVTNE2PS2BF16 rounds to nearest even;
-// no value here is an fp32 denormal (all are multiples of 2^-24 or zero).
-inline __m512i pairs(__m512 lo, __m512 hi) {
-  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // words 0..15 lo, 16..31 hi
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(interleave, both);
+// One 64-byte row of the packed layout from two 16-lane halves: lane t of `a` is
+// output t / 2 at k = 2P + t % 2, lane t of `b` output 8 + t / 2 (the repack lays
+// the quants out in this order, so no shuffle is needed). VCVTNE2PS2BF16 rounds
+// to nearest even; no value here is an fp32 denormal (all are multiples of 2^-24).
+inline __m512i pairs(__m512 a, __m512 b) { return (__m512i)_mm512_cvtne2ps_pbh(b, a); }
+
+// A per-output vector (lane i: output i) -> the two halves' lane order above.
+inline void spread(__m512 v, __m512* a, __m512* b) {
+  *a = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), v);
+  *b = _mm512_permutexvar_ps(_mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8), v);
 }
+
+// Repack side of the same order: lane t of half h holds (output, k) = (8h + t / 2, 2P + t % 2).
+inline int lane_output(int t, int half) { return 8 * half + t / 2; }
+inline int lane_k(int t, int p) { return 2 * p + t % 2; }
 
 inline void put(uint16_t* dst, int P, __m512i v) {
   _mm512_storeu_si512(dst + (P / 16) * kStepElems + (P % 16) * kTileK, v);
