@@ -101,7 +101,7 @@ def test_a_block_type_the_kernels_lack_runs_dense(tmp_path, capfd):
     quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
     notes = [line for line in capfd.readouterr().err.splitlines() if lacking[0].name in line]
     assert len(notes) == 1 and "dense bf16" in notes[0]
-    assert quant.layers[0].gate_up.format == f"bf16+Q8_0"
+    assert quant.layers[0].gate_up.format == "bf16+Q8_0"
     assert quant.layers[0].qkv.format == "Q8_0"
     assert torch.equal(logits_every_way(quant), logits_every_way(reference))
 

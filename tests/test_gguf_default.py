@@ -3,16 +3,15 @@ quantized logits bit-identical to today's dense bf16 path, its own tokenizer
 and chat template, and the --weights selection."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-import json
 
 import pytest
 import torch
 
 from verispec import kernels
 from verispec.models import loading
-from verispec.models.llama import NativeLlama
 
 PROMPT = ("The quick brown fox jumps over the lazy dog. " * 20
           + "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 4)

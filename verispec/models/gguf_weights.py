@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ import torch
 
 from .. import kernels
 from .gguf_file import GGUFError, GGUFFile
-from .llama_config import LlamaSpec
+from .llama_config import LlamaSpec, parse_config
 from .llama_weights import (Embedding, LayerWeights, Linear, ModelWeights, StackedLinear,
                             _digest_part)
 
@@ -294,3 +295,22 @@ def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.d
     return ModelWeights(embedding=embed, layers=layers, norm=norm, lm_head=head,
                         fingerprint_parts=b.parts, weights_kind="quant" if quant else "dense",
                         source=Path(gf.path))
+
+
+@dataclass
+class GGUFModel:
+    path: Path
+    spec: LlamaSpec
+    weights: ModelWeights
+    eos_token_ids: frozenset[int]
+
+
+def read_gguf(source: "str | Path | GGUFFile", dtype: torch.dtype, device: torch.device,
+              quant: bool, quiet: bool = False) -> GGUFModel:
+    """Config, weights and EOS ids of a GGUF file (a path or an open GGUFFile)."""
+    gf = source if isinstance(source, GGUFFile) else GGUFFile(source)
+    config = hf_config(gf)
+    spec = parse_config(config)
+    weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet)
+    eos = config.get("eos_token_id")
+    return GGUFModel(gf.path, spec, weights, frozenset([] if eos is None else [int(eos)]))

@@ -101,24 +101,18 @@ class NativeLlama(TargetModel):
                    batch_invariant=batch_invariant, cache_limit=cache_limit)
 
     @classmethod
-    def from_gguf(cls, path: "str | Path | GGUFFile", dtype: torch.dtype = torch.bfloat16,
-                  device: torch.device | str = "cpu", quant: bool = True,
-                  batch_invariant: bool = False, cache_limit: int = DEFAULT_CACHE_LIMIT,
-                  quiet: bool = False) -> "NativeLlama":
-        """A target read straight from a GGUF file: quant=True keeps the weights in
-        their blocks for the kernels, quant=False dequantizes them to `dtype`."""
-        from .gguf_file import GGUFFile
-        from .gguf_weights import hf_config, load_gguf_weights
+    def from_gguf(cls, path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
+                  quant: bool = True, batch_invariant: bool = False,
+                  cache_limit: int = DEFAULT_CACHE_LIMIT, quiet: bool = False) -> "NativeLlama":
+        """A target read straight from a GGUF file (a path or an open GGUFFile):
+        quant=True keeps the weights in their blocks for the kernels, quant=False
+        dequantizes them to `dtype`."""
+        from .gguf_weights import read_gguf
 
-        gf = path if isinstance(path, GGUFFile) else GGUFFile(path)
-        path = gf.path
-        config = hf_config(gf)
-        spec = parse_config(config)
         device = torch.device(device)
-        weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet)
-        eos = config.get("eos_token_id")
-        return cls(spec, weights, dtype, device, frozenset([] if eos is None else [int(eos)]),
-                   name=f"native:{Path(path).stem}", batch_invariant=batch_invariant,
+        model = read_gguf(path, dtype, device, quant, quiet)
+        return cls(model.spec, model.weights, dtype, device, model.eos_token_ids,
+                   name=f"native:{model.path.stem}", batch_invariant=batch_invariant,
                    cache_limit=cache_limit)
 
     @property
