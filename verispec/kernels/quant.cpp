@@ -190,6 +190,13 @@ at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
   return y;
 }
 
+std::vector<int64_t> quant_pack_shape(const at::Tensor& packed) {
+  TORCH_CHECK(vs::is_quant_pack(packed), "quant_shape: the weight must come from pack_quant()");
+  int64_t out, in;
+  vs::quant_shape(packed, &out, &in);
+  return {out, in};
+}
+
 std::vector<int64_t> quant_types() {
   int64_t count;
   const vs::quant::Format* all = vs::quant::formats(&count);
