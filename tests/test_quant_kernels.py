@@ -73,7 +73,7 @@ def test_bit_identical_to_dense_reference(qtype):
                 got = kernels.linear(x[:n], packed, out, b)
                 assert torch.equal(_bits(got), _bits(kernels.linear(x[:n], dense, out, b))), (out, inp, n)
         # The values themselves: the reference's float32 rounded to nearest even.
-        assert torch.equal(_bits(kernels.dequantize(packed, out)), _bits(ref))
+        assert torch.equal(_bits(kernels.dequantize(packed)), _bits(ref))
 
 
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
@@ -157,7 +157,7 @@ def test_pack_stays_about_the_raw_size():
         out, inp = 256, 1024
         raw = _raw(qtype, out, inp)
         packed = kernels.pack_quant(torch.from_numpy(raw), int(qtype), out, inp)
-        assert kernels.is_quantized(packed)
+        assert kernels.is_quantized(packed) and kernels.quant_shape(packed) == (out, inp)
         assert raw.size <= packed.numel() <= 1.04 * raw.size, qtype.name
 
 

@@ -111,9 +111,16 @@ def embedding(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return _require().embedding(packed, ids)
 
 
-def dequantize(packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """The whole bf16 [out, in] matrix a quantized pack stands for."""
-    return embedding(packed, torch.arange(out_features))
+def quant_shape(packed: torch.Tensor) -> tuple[int, int]:
+    """(out_features, in_features) of a quantized pack."""
+    out, inp = _require().quant_shape(packed)
+    return out, inp
+
+
+def dequantize(packed: torch.Tensor) -> torch.Tensor:
+    """The whole bf16 [out, in] matrix a quantized pack stands for (a fallback for
+    code without a quantized path; linear() never needs it)."""
+    return embedding(packed, torch.arange(quant_shape(packed)[0]))
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,

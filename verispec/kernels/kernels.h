@@ -12,6 +12,7 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
                       const std::vector<int64_t>& outs, int64_t in);
 at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids);
 std::vector<int64_t> quant_types();
+std::vector<int64_t> quant_pack_shape(const at::Tensor& packed);
 at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
                   const at::Tensor& row_cache, const at::Tensor& row_len,
                   const c10::optional<at::Tensor>& row_index);

@@ -51,7 +51,9 @@ std::string supported() {
   return names;
 }
 
-constexpr int64_t kAheadBytes = 8 << 10;  // quant stream requested ahead of the dequantization
+// Quant bytes requested ahead of the dequantization: a chunk or so, which stays
+// in L1 beside the 32 KiB dequantized chunk.
+constexpr int64_t kAheadBytes = 8 << 10;
 
 // Tiles [j0, j1) of group g, blocks [b0, b1), into the packed layout at buf (k tile
 // b0 * bt first). Blocks outer, tiles inner: the group's bytes are read in order.
@@ -188,6 +190,13 @@ at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
     }
   });
   return y;
+}
+
+std::vector<int64_t> quant_pack_shape(const at::Tensor& packed) {
+  TORCH_CHECK(vs::is_quant_pack(packed), "quant_shape: the weight must come from pack_quant()");
+  int64_t out, in;
+  vs::quant_shape(packed, &out, &in);
+  return {out, in};
 }
 
 std::vector<int64_t> quant_types() {
