@@ -1,6 +1,7 @@
-"""The bf16 AMX matmul kernel: accuracy against a float32 reference, and the
-row-invariance the lossless batch-invariant mode relies on. Skipped where the
-kernel is unavailable (no AMX-BF16, no compiler): Linear then uses oneDNN."""
+"""The bf16 matmul kernel (AMX, or AVX-512-BF16 where the CPU has no AMX; see
+kernels.isa()): accuracy against a float32 reference, and the row-invariance the
+lossless batch-invariant mode relies on. Skipped where the kernel is unavailable
+(no AVX-512-BF16, no compiler): Linear then uses oneDNN."""
 from __future__ import annotations
 
 import pytest

@@ -85,7 +85,9 @@ def test_tree_forward_equals_each_path_as_a_chain(target):
         chain = torch.cat([torch.tensor(committed[-1:]), tree.tokens[path]])
         expect = target.forward(chain, alone).logits  # [len(path) + 1, vocab]
         rows = [0] + [i + 1 for i in path]
-        torch.testing.assert_close(logits[rows], expect, atol=1e-5, rtol=0)
+        # fp32 GEMMs and SDPA sum in another order for the whole tree block than for a short chain
+        # (1.1e-5 measured on the AMD EPYC CI, under 1e-5 on the Xeon the test was written on).
+        torch.testing.assert_close(logits[rows], expect, atol=3e-5, rtol=0)
 
 
 # -- compaction -----------------------------------------------------------------

@@ -41,10 +41,8 @@ void pack_bits(const uint8_t* const* rows, int pairs_count, Get get, uint8_t* ds
   }
 }
 
-// Functions, not globals: the module must load (static init) before any AVX-512 runs.
-#define kEight _mm512_set1_epi32(8)
-#define kSixteen _mm512_set1_epi32(16)
-#define kThirtyTwo _mm512_set1_epi32(32)
+// A function, not vector globals: static initialisers would run AVX-512 at load.
+inline __m512i splat(int v) { return _mm512_set1_epi32(v); }
 
 // Q4_0: d, qs[16]; w = d * (q - 8). Tile: d[16], nibbles.
 void repack_q4_0(const uint8_t* const* rows, uint8_t* dst) {
@@ -57,8 +55,8 @@ void dq_q4_0(const uint8_t* s, uint16_t* dst) {
   for (int p = 0; p < 16; ++p) {
     __m512i lo, hi;
     nibbles(s + 32 + 16 * p, &lo, &hi);
-    put(dst, p, pairs(_mm512_mul_ps(da, lanes(_mm512_sub_epi32(lo, kEight))),
-                      _mm512_mul_ps(db, lanes(_mm512_sub_epi32(hi, kEight)))));
+    put(dst, p, pairs(_mm512_mul_ps(da, lanes(_mm512_sub_epi32(lo, splat(8)))),
+                      _mm512_mul_ps(db, lanes(_mm512_sub_epi32(hi, splat(8))))));
   }
 }
 
@@ -92,8 +90,8 @@ void dq_q5_0(const uint8_t* s, uint16_t* dst) {
   for (int p = 0; p < 16; ++p) {
     __m512i lo, hi;
     nibbles(s + 32 + 16 * p, &lo, &hi);
-    lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, mask16(s + 288 + 4 * p), lo, kSixteen), kSixteen);
-    hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, mask16(s + 290 + 4 * p), hi, kSixteen), kSixteen);
+    lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, mask16(s + 288 + 4 * p), lo, splat(16)), splat(16));
+    hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, mask16(s + 290 + 4 * p), hi, splat(16)), splat(16));
     put(dst, p, pairs(_mm512_mul_ps(da, lanes(lo)), _mm512_mul_ps(db, lanes(hi))));
   }
 }
@@ -112,8 +110,8 @@ void dq_q5_1(const uint8_t* s, uint16_t* dst) {
   for (int p = 0; p < 16; ++p) {
     __m512i lo, hi;
     nibbles(s + 64 + 16 * p, &lo, &hi);
-    lo = _mm512_mask_or_epi32(lo, mask16(s + 320 + 4 * p), lo, kSixteen);
-    hi = _mm512_mask_or_epi32(hi, mask16(s + 322 + 4 * p), hi, kSixteen);
+    lo = _mm512_mask_or_epi32(lo, mask16(s + 320 + 4 * p), lo, splat(16));
+    hi = _mm512_mask_or_epi32(hi, mask16(s + 322 + 4 * p), hi, splat(16));
     put(dst, p, pairs(_mm512_fmadd_ps(da, lanes(lo), ma), _mm512_fmadd_ps(db, lanes(hi), mb)));
   }
 }
@@ -165,8 +163,8 @@ void dq_k(const uint8_t* s, uint16_t* dst) {
       __m512i lo, hi;
       nibbles(s + 320 + 16 * p, &lo, &hi);
       if constexpr (kFive) {
-        lo = _mm512_mask_or_epi32(lo, mask16(s + 2368 + 4 * p), lo, kSixteen);
-        hi = _mm512_mask_or_epi32(hi, mask16(s + 2370 + 4 * p), hi, kSixteen);
+        lo = _mm512_mask_or_epi32(lo, mask16(s + 2368 + 4 * p), lo, splat(16));
+        hi = _mm512_mask_or_epi32(hi, mask16(s + 2370 + 4 * p), hi, splat(16));
       }
       put(dst, p, pairs(_mm512_fmsub_ps(sa, lanes(lo), oa), _mm512_fmsub_ps(sb_, lanes(hi), ob)));
     }
@@ -220,8 +218,8 @@ void dq_q6_k(const uint8_t* s, uint16_t* dst) {
       nibbles(s + 288 + 16 * p, &lo, &hi);
       const __m512i hl = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(s + 2336 + 8 * p)), shifts), three);
       const __m512i hh = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(s + 2340 + 8 * p)), shifts), three);
-      lo = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hl, 4)), kThirtyTwo);
-      hi = _mm512_sub_epi32(_mm512_or_si512(hi, _mm512_slli_epi32(hh, 4)), kThirtyTwo);
+      lo = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hl, 4)), splat(32));
+      hi = _mm512_sub_epi32(_mm512_or_si512(hi, _mm512_slli_epi32(hh, 4)), splat(32));
       put(dst, p, pairs(_mm512_mul_ps(sa, lanes(lo)), _mm512_mul_ps(sb_, lanes(hi))));
     }
   }

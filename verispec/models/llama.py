@@ -366,10 +366,7 @@ class NativeLlama(TargetModel):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, hidden] -> [rows, vocab] float32 logits."""
         head = self.weights.lm_head
-        if not self.batch_invariant or head.row_invariant:
-            return head(x).float()
-        rows = x.shape[0]
-        return self._linear(head, _pad_rows(x, -(-rows // ROW_TILE) * ROW_TILE))[:rows].float()
+        return (head(x) if head.row_invariant else self._linear(head, x)).float()
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # F.rms_norm upcasts to float32 internally and rounds once, which is HF's
@@ -404,11 +401,18 @@ class NativeLlama(TargetModel):
         return x + self._linear(w.down, F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
 
     def _linear(self, lin: Linear, x: torch.Tensor) -> torch.Tensor:
-        if not self.batch_invariant or lin.row_invariant or x.shape[0] == ROW_TILE:
-            return lin(x)
-        # A GEMM that is not row-invariant still is at a fixed row count.
         rows = x.shape[0]
+        if lin.row_invariant or rows == ROW_TILE or (rows % ROW_TILE == 0 and not self.batch_invariant):
+            return lin(x)
+        # An fp32 GEMM is not row-invariant: MKL computes one row as a GEMV and the
+        # rows past a multiple of 4 with a remainder kernel, each summing in another
+        # order. Padded to whole ROW_TILEs, every row runs the full-width kernel, so
+        # its bits no longer depend on the row count (checked for 1..400 rows at any
+        # offset, 1 and 2 threads), which plain decoding == verification relies on.
+        # batch_invariant goes further: fixed-shape tiles whatever the library does.
         padded = _pad_rows(x, -(-rows // ROW_TILE) * ROW_TILE)
+        if not self.batch_invariant:
+            return lin(padded)[:rows]
         return torch.cat([lin(tile) for tile in padded.split(ROW_TILE)])[:rows]
 
 
