@@ -146,10 +146,16 @@ class VerispecReplica:
 
     async def forward(self, method: str, path: str, query: bytes, headers: list, body: bytes,
                       affinity: Optional[str] = None):
-        """The app's response to one request: (status, headers), then body chunks.
-        `affinity` is for the router only."""
-        async for part in ray_bridge.call_asgi(self.app, method, path, query, headers, body):
-            yield part
+        """The app's response to one request: (status, headers), then body chunks;
+        the headers name this replica (x-verispec-replica). `affinity` is for the router."""
+        parts = ray_bridge.call_asgi(self.app, method, path, query, headers, body)
+        try:
+            status, sent = await parts.__anext__()
+            yield status, sent + [(b"x-verispec-replica", self.name.encode())]
+            async for chunk in parts:
+                yield chunk
+        finally:
+            await parts.aclose()  # cancelled by the caller: the app sees a disconnect
 
     def check_health(self) -> None:
         if not self.scheduler._thread.is_alive():
@@ -304,3 +310,49 @@ def build_app(args: Union[dict, RayAppArgs, None] = None) -> "serve.Application"
 
 
 app = build_app()
+
+
+def serve_ray(args: argparse.Namespace) -> int:
+    """`verispec serve --ray`: deploy on a local Ray cluster started here (or the
+    one at --ray-address) and serve until interrupted; a cluster started here
+    is shut down with every Ray process it started, a joined one keeps running
+    and only loses this application."""
+    import os
+    import signal
+
+    import ray
+
+    import verispec
+
+    fields = RayAppArgs.model_fields
+    settings = RayAppArgs(**{k: v for k, v in vars(args).items()
+                             if k in fields and v is not None})
+    application = build_app(settings)
+    if args.ray_address:
+        ray.init(address=args.ray_address)
+    else:
+        # The replicas run this process's verispec, wherever it was imported from.
+        source = os.path.dirname(os.path.dirname(os.path.abspath(verispec.__file__)))
+        path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
+        ray.init(address="local", include_dashboard=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(application, name=APP_NAME, route_prefix="/", blocking=False)
+        low, high = settings.replica_range()
+        print(f"verispec serve --ray: {settings.model} on {low if low == high else f'{low}-{high}'} "
+              f"replica(s), {settings.replica_cpus:g} CPU and {settings.replica_gpus:g} GPU each, "
+              f"routing {settings.routing}, on http://{args.host}:{args.port}/v1", flush=True)
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if args.ray_address:
+            serve.delete(APP_NAME)
+        else:
+            serve.shutdown()
+        ray.shutdown()
+    return 0

@@ -25,7 +25,7 @@ import ray
 from .metrics import Gauges, ServingMetrics
 
 PUSH_SECONDS = 0.5
-STALE_SECONDS = 5.0
+STALE_SECONDS = 3.0
 HUB_NAMESPACE = "verispec"
 
 
