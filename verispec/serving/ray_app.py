@@ -247,8 +247,11 @@ class VerispecIngress:
         key = None
         if chat is not None and self.settings.routing == "affinity":
             key = affinity_key(body, chat, self.settings.prefix_chars)
+        path, root = request.scope["path"], request.scope.get("root_path", "")
+        if root and path.startswith(root):  # an app deployed under a route_prefix
+            path = path[len(root):] or "/"
         stream = self.replicas.forward.remote(
-            request.method, request.url.path, request.url.query.encode(),
+            request.method, path, request.url.query.encode(),
             list(request.headers.raw), body, affinity=key)
         try:
             status, headers = await stream.__anext__()

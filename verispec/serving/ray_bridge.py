@@ -64,9 +64,16 @@ async def call_asgi(app, method: str, path: str, query: bytes,
             if message["type"] == "http.response.start":
                 yield message["status"], [(bytes(k), bytes(v)) for k, v in message["headers"]]
             elif message["type"] == "http.response.body":
-                if message.get("body"):
-                    yield bytes(message["body"])
-                if not message.get("more_body", False):
+                # Chunks already sent travel as one item: each item of a Ray stream is
+                # a remote object with its own round trip, and events stay whole.
+                chunks, more = [bytes(message.get("body", b""))], message.get("more_body", False)
+                while more and not sent.empty():
+                    message = sent.get_nowait()
+                    chunks.append(bytes(message.get("body", b"")))
+                    more = message.get("more_body", False)
+                if any(chunks):
+                    yield b"".join(chunks)
+                if not more:
                     return
     finally:
         gone.set()
