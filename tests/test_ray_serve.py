@@ -117,6 +117,22 @@ def test_build_app_options():
         build_app({"max_num_seqs": 8, "bogus_setting": 1})
 
 
+def test_example_config_builds():
+    """examples/ray_serve.yaml is what `serve run` / `serve deploy` read: the schema
+    accepts it and its import path and args build the application."""
+    import yaml
+    from ray._common.utils import import_attr
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.schema import ServeDeploySchema
+
+    config = ServeDeploySchema.model_validate(
+        yaml.safe_load((REPO / "examples" / "ray_serve.yaml").read_text()))
+    (entry,) = config.applications
+    app = call_user_app_builder_with_args_if_necessary(import_attr(entry.import_path), entry.args)
+    assert app._bound_deployment.name == "VerispecIngress"
+    assert {d.name for d in entry.deployments} == {"VerispecReplica", "VerispecIngress"}
+
+
 @pytest.mark.slow
 def test_cli_serves_and_shutdown_leaves_no_ray_process(model_dir, tmp_path):
     port = free_port()
@@ -347,6 +363,9 @@ def test_killing_a_replica_under_load(ray_app, single, model_dir):
     results: dict = {}
     threads = [threading.Thread(target=stream_lines, args=(ray_app, {**body, "prompt": p},
                                                            results, p)) for p in prompts]
+    plain: list = []  # non-streamed requests in flight at the kill
+    threads += [threading.Thread(target=lambda p=p: plain.append(
+        (p, post(ray_app, "/v1/completions", {**body, "prompt": p})))) for p in prompts[:2]]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
@@ -372,6 +391,12 @@ def test_killing_a_replica_under_load(ray_app, single, model_dir):
             assert events[-1]["error"]["code"] == "replica_died", prompt
         else:
             assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == want[prompt]
+    assert len(plain) == 2
+    for prompt, (status, headers, text) in plain:  # whole JSON either way
+        if status == 200:
+            assert json.loads(text)["choices"][0]["text"] == want[prompt]
+        else:
+            assert status == 503 and json.loads(text)["error"]["code"] == "replica_died"
     # Serve replaces the replica; the endpoint then serves from two replicas again.
     survivor = (replicas - {victim}).pop()
     served, i = set(), 0

@@ -10,6 +10,7 @@ examples:
   verispec serve --model default --proposer auto --host 127.0.0.1 --port 8000
   verispec serve --proposer ngram --k auto --k-max 8 --max-num-seqs 16 --max-queue 128
   verispec serve --proposer draft --draft self:12 --profile profile.json
+  verispec serve --ray --replicas 1:4 --replica-cpus 2   (Ray Serve; docs/ray_serve.md)
 
 then any OpenAI client:
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\

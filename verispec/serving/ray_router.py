@@ -13,8 +13,9 @@ when the preferred replica has `imbalance` more requests in flight than the
 least loaded one, the request is routed by power of two choices instead, as it
 is when it has no key (a prompt shorter than the prefix).
 
-This module is pickled by value into every router (Ray Serve does so for
-custom routers), so it imports nothing from verispec.
+Ray Serve pickles this module by value into every router and imports it where
+it handles the app's config (the controller, the dashboard), so it imports
+nothing from verispec beyond itself.
 """
 from __future__ import annotations
 
