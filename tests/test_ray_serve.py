@@ -355,10 +355,10 @@ def replica_actor(unique_id: str):
 @pytest.mark.slow
 def test_killing_a_replica_under_load(ray_app, single, model_dir):
     name = str(model_dir)
-    body = {"model": name, "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+    body = {"model": name, "max_tokens": 440, "temperature": 0, "ignore_eos": True}
     prompts = [f"stream {i}: " + "abc " * 4 for i in range(6)]
     sdk = {"model": name, "temperature": 0, "extra_body": {"ignore_eos": True}}
-    want = {p: client(single).completions.create(prompt=p, max_tokens=300, **sdk).choices[0].text
+    want = {p: client(single).completions.create(prompt=p, max_tokens=440, **sdk).choices[0].text
             for p in prompts}
     results: dict = {}
     threads = [threading.Thread(target=stream_lines, args=(ray_app, {**body, "prompt": p},
@@ -377,6 +377,8 @@ def test_killing_a_replica_under_load(ray_app, single, model_dir):
     victim = sorted(replicas)[0]
     ray.kill(replica_actor(victim), no_restart=True)
     killed_at = time.monotonic()
+    open_at_kill = {p for p, r in results.items() if "data: [DONE]" not in r["lines"]}
+    assert any(results[p]["replica"] == victim for p in open_at_kill), "nothing was in flight"
     # Requests sent right after the kill were not in flight: none may be lost.
     after = [client(ray_app).completions.create(prompt=f"after {i}", max_tokens=8, **sdk)
              for i in range(4)]
@@ -384,13 +386,17 @@ def test_killing_a_replica_under_load(ray_app, single, model_dir):
     for t in threads:
         t.join(120)
         assert not t.is_alive(), "a stream hung after its replica was killed"
+    cut = 0
     for prompt, r in results.items():
         assert r["status"] == 200 and r["lines"][-1] == "data: [DONE]", r
         events = [json.loads(line[len("data: "):]) for line in r["lines"][:-1]]  # all parse
-        if r["replica"] == victim:
-            assert events[-1]["error"]["code"] == "replica_died", prompt
-        else:
+        if "error" in events[-1]:
+            assert r["replica"] == victim and prompt in open_at_kill, prompt
+            assert events[-1]["error"]["code"] == "replica_died"
+            cut += 1
+        else:  # on the survivor, or done before the kill took effect
             assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == want[prompt]
+    assert cut >= 1, "no stream was cut by the kill"
     assert len(plain) == 2
     for prompt, (status, headers, text) in plain:  # whole JSON either way
         if status == 200:
