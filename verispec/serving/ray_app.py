@@ -158,7 +158,7 @@ class VerispecReplica:
             await parts.aclose()  # cancelled by the caller: the app sees a disconnect
 
     def check_health(self) -> None:
-        if not self.scheduler._thread.is_alive():
+        if not self.scheduler.alive():
             raise RuntimeError("the scheduler thread stopped")
 
     def __del__(self) -> None:
