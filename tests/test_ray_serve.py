@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -325,6 +326,33 @@ def test_shared_long_prefix_goes_to_one_replica(ray_app, model_dir):
     spread = {replica_of(ray_app, {"model": name, "prompt": f"{i}: " + "z" * PREFIX,
                                    "max_tokens": 2}) for i in range(10)}
     assert len(spread) == 2  # other prefixes hash elsewhere (fails with chance 2**-9)
+
+
+def cancelled_count(port: int) -> float:
+    _, text = get(port, "/metrics")
+    return float(re.search(r'^verispec_requests_total\{outcome="cancelled"\} (\S+)$', text,
+                           re.M).group(1))
+
+
+def test_client_disconnect_cancels_on_the_replica(ray_app, model_dir):
+    time.sleep(1.0)
+    before = cancelled_count(ray_app)
+    conn = http.client.HTTPConnection("127.0.0.1", ray_app, timeout=60)
+    body = {"model": str(model_dir), "prompt": "go on", "max_tokens": 440, "stream": True,
+            "ignore_eos": True}
+    conn.request("POST", "/v1/completions", json.dumps(body).encode(),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    for _ in range(3):
+        assert response.readline().startswith(b"data: ")
+        response.readline()
+    conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-stream
+    conn.close()
+    deadline = time.monotonic() + 20
+    while cancelled_count(ray_app) < before + 1:
+        assert time.monotonic() < deadline, "the disconnect did not cancel the replica's request"
+        time.sleep(0.2)
 
 
 def stream_lines(port: int, body: dict, out: dict, key) -> None:

@@ -26,6 +26,7 @@ from typing import Literal, Optional, Union
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
+import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.config import RequestRouterConfig
@@ -102,7 +103,6 @@ class VerispecReplica:
     """One model, one scheduler thread, the single-process app; pushes its metrics."""
 
     def __init__(self, settings: dict) -> None:
-        import ray
         import torch
 
         from ..api import Engine
@@ -131,8 +131,6 @@ class VerispecReplica:
         self._pusher.start()
 
     def _push(self) -> None:
-        import ray
-
         hub = None
         while not self._stop.wait(ray_bridge.PUSH_SECONDS):
             try:
