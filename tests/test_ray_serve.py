@@ -396,12 +396,12 @@ def test_killing_a_replica_under_load(ray_app, single, model_dir):
         (p, post(ray_app, "/v1/completions", {**body, "prompt": p})))) for p in prompts[:2]]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while sum(len(r.get("lines", ())) > 2 for r in results.values()) < len(prompts):
-        assert time.monotonic() < deadline, results
+        assert time.monotonic() < deadline, f"the streams did not start: {results}"
         time.sleep(0.1)
     replicas = {r["replica"] for r in results.values()}
-    assert len(replicas) == 2, "the streams did not spread over both replicas"
+    assert len(replicas) == 2, f"the streams did not spread over both replicas: {replicas}"
     victim = sorted(replicas)[0]
     ray.kill(replica_actor(victim), no_restart=True)
     killed_at = time.monotonic()
@@ -442,8 +442,8 @@ def test_killing_a_replica_under_load(ray_app, single, model_dir):
         time.sleep(0.1)
     assert victim not in served
     restored = time.monotonic() - killed_at
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while get_or_none(ray_app, "/health") != 2:  # the dead one's report expires, the new one's counts
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, "/health did not count the replacement in 60 s"
         time.sleep(0.5)
     print(f"a replacement replica served {restored:.1f} s after the kill")

@@ -170,7 +170,8 @@ class VerispecReplica:
 _ingress = FastAPI(title="verispec (Ray Serve)")
 
 
-def _error(message: str, code: str, status: int, kind: str = "server_error") -> JSONResponse:
+def _error(message: str, code: Optional[str], status: int,
+           kind: str = "server_error") -> JSONResponse:
     return JSONResponse(APIError(message, None, code, status, kind).body(), status_code=status)
 
 
@@ -188,14 +189,20 @@ def _died(exc: BaseException) -> str:
     return f"the replica serving this request died ({type(exc).__name__}); retry"
 
 
+def _relay_error(exc: BaseException) -> APIError:
+    if isinstance(exc, _DIED):
+        return APIError(_died(exc), None, "replica_died", 503, "server_error")
+    return APIError(f"internal error: {type(exc).__name__}: {exc}", None, None, 500,
+                    "server_error")
+
+
 async def _events(stream):
     try:
         async for chunk in stream:
             yield chunk
-    except _DIED as exc:
+    except Exception as exc:
         # Whole events only were relayed, so this one parses: the client sees an error.
-        body = APIError(_died(exc), None, "replica_died", 503, "server_error").body()
-        yield f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+        yield f"data: {json.dumps(_relay_error(exc).body())}\n\ndata: [DONE]\n\n".encode()
     finally:
         stream.cancel()  # a no-op when it ended; frees the replica's tickets when the client left
 
@@ -211,7 +218,7 @@ class VerispecIngress:
     async def _reports(self) -> dict:
         try:
             return await asyncio.wait_for(self.hub.fresh.remote(), timeout=10)
-        except (RayActorError, asyncio.TimeoutError):
+        except Exception:  # the hub's owner (an ingress) died, or it is stuck: a new one
             self.hub = ray_bridge.get_hub(self.app_name, create=True)
             return {}
 
@@ -267,8 +274,9 @@ class VerispecIngress:
             return StreamingResponse(_events(stream), status_code=status, headers=kept)
         try:
             content = b"".join([chunk async for chunk in stream])
-        except _DIED as exc:
-            return _error(_died(exc), "replica_died", 503)
+        except Exception as exc:
+            error = _relay_error(exc)
+            return JSONResponse(error.body(), status_code=error.status)
         finally:
             stream.cancel()
         return Response(content, status_code=status, headers=kept)
