@@ -103,6 +103,24 @@ def test_affinity_key():
     assert affinity_key(b"[1]", True, PREFIX) is None
 
 
+def test_metrics_states_merge_to_the_sum():
+    from verispec.serving.metrics import Gauges, ServingMetrics
+
+    a, b, both = ServingMetrics(), ServingMetrics(), ServingMetrics()
+    for m in (a, both):
+        m.admitted(5)
+        m.step(2, 0.01, [3, 0], 4, 3, 2)
+        m.request_done("finished", tau=1.5)
+    for m in (b, both):
+        m.admitted(7)
+        m.step(1, 0.2, [1], 2, 1, 1)
+        m.request_done("cancelled")
+    merged = ServingMetrics.merged([json.loads(json.dumps(a.state())), b.state()])
+    gauges = Gauges(1, 2, 3)
+    assert merged.render(gauges).replace("verispec_batch_size 3", "verispec_batch_size 1") == \
+        both.render(gauges)  # last_batch_size sums over replicas: 2 + 1, against 1 for one
+
+
 def test_build_app_options():
     app = build_app({"replicas": "1:4", "replica_cpus": 2, "replica_gpus": 1, "max_num_seqs": 6})
     replica = app._bound_deployment.init_args[0]._bound_deployment
