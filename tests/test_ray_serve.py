@@ -244,6 +244,7 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown",
            "one two three one two three one two", "Summarize: Ray Serve scales replicas."]
 
 
+@pytest.mark.slow
 def test_greedy_outputs_equal_the_single_process_server(ray_app, single, model_dir):
     name = str(model_dir)
     for prompt in PROMPTS:
@@ -291,6 +292,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chat", [False, True])
 def test_bad_inputs_get_the_same_400_through_ray(ray_app, single, model_dir, chat):
     for body in BAD:
@@ -311,6 +313,7 @@ def test_bad_inputs_get_the_same_400_through_ray(ray_app, single, model_dir, cha
     assert status == 404 and json.loads(text)["error"]["message"]
 
 
+@pytest.mark.slow
 def test_health_and_metrics_cover_every_replica(ray_app, model_dir):
     for i in range(8):  # distinct short prompts: no affinity, spread by power of two
         post(ray_app, "/v1/completions", {"model": str(model_dir), "prompt": f"{i} {i}",
@@ -335,6 +338,7 @@ def replica_of(port: int, body: dict) -> str:
     return headers["x-verispec-replica"]
 
 
+@pytest.mark.slow
 def test_shared_long_prefix_goes_to_one_replica(ray_app, model_dir):
     name = str(model_dir)
     shared = "You are a careful assistant. Answer in one line. " * 2
@@ -352,6 +356,7 @@ def cancelled_count(port: int) -> float:
                            re.M).group(1))
 
 
+@pytest.mark.slow
 def test_client_disconnect_cancels_on_the_replica(ray_app, model_dir):
     time.sleep(1.0)
     before = cancelled_count(ray_app)
