@@ -10,6 +10,7 @@ examples:
   verispec serve --model default --proposer auto --host 127.0.0.1 --port 8000
   verispec serve --proposer ngram --k auto --k-max 8 --max-num-seqs 16 --max-queue 128
   verispec serve --proposer draft --draft self:12 --profile profile.json
+  verispec serve --ray --replicas 1:4 --replica-cpus 2   (Ray Serve; docs/ray_serve.md)
 
 then any OpenAI client:
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
@@ -51,6 +52,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     defaults = serve_defaults(args)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
+    if args.ray or args.ray_address:
+        from .ray_app import serve_ray
+
+        return serve_ray(args)
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
                                 profile=load_profile(args.profile) if args.profile else None,
                                 guard_window=args.guard_window)
@@ -113,4 +118,21 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds running requests get to finish on shutdown (default 30)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    ray = p.add_argument_group("scale-out on Ray Serve (pip install 'verispec[ray]'; docs/ray_serve.md)")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve from Ray Serve replicas behind one endpoint, on a local Ray "
+                          "cluster started here (or the one at --ray-address)")
+    ray.add_argument("--ray-address", default=None,
+                     help="join this Ray cluster (e.g. auto, or 10.0.0.1:6379) instead of "
+                          "starting one; implies --ray")
+    ray.add_argument("--replicas", default="1",
+                     help="replicas, each with its own model and scheduler: N, or MIN:MAX to "
+                          "autoscale on ongoing requests per replica (target --max-num-seqs)")
+    ray.add_argument("--replica-cpus", type=float, default=1.0,
+                     help="CPUs reserved per replica; its torch threads (default 1)")
+    ray.add_argument("--replica-gpus", type=float, default=0.0,
+                     help="GPUs per replica: 1 on a GPU cluster (default 0)")
+    ray.add_argument("--routing", default="affinity", choices=["affinity", "pow2"],
+                     help="affinity: prompts sharing their first 256 characters go to the same "
+                          "replica unless it is loaded; pow2: Ray's power of two choices")
     p.set_defaults(func=cmd_serve)

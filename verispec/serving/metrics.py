@@ -92,6 +92,38 @@ class ServingMetrics:
         with self._lock:
             self.guard_held += 1
 
+    _COUNTERS = ("prompt_tokens", "generated_tokens", "drafted", "accepted", "steps",
+                 "guard_held", "last_batch_size")
+    _HISTOGRAMS = ("tau", "step_seconds", "batch_size", "draft_length")
+
+    def state(self) -> dict:
+        """A plain-data copy (picklable, JSON-able) that `merged` can sum: how
+        replicas of a scaled-out server report to one /metrics."""
+        with self._lock:
+            out: dict = {"requests": dict(self.requests)}
+            out.update({name: getattr(self, name) for name in self._COUNTERS})
+            for name in self._HISTOGRAMS:
+                hist = getattr(self, name)
+                out[name] = {"counts": list(hist.counts), "total": hist.total, "n": hist.n}
+            return out
+
+    @classmethod
+    def merged(cls, states: Sequence[dict]) -> "ServingMetrics":
+        """The sum of several `state()`s; `last_batch_size` sums to the requests
+        batched across all of them in their latest steps."""
+        total = cls()
+        for state in states:
+            for outcome, count in state["requests"].items():
+                total.requests[outcome] = total.requests.get(outcome, 0) + count
+            for name in cls._COUNTERS:
+                setattr(total, name, getattr(total, name) + state[name])
+            for name in cls._HISTOGRAMS:
+                hist, part = getattr(total, name), state[name]
+                hist.counts = [a + b for a, b in zip(hist.counts, part["counts"])]
+                hist.total += part["total"]
+                hist.n += part["n"]
+        return total
+
     def render(self, gauges: Gauges) -> str:
         p = "verispec"
         with self._lock:

@@ -181,6 +181,10 @@ class Scheduler:
         with self._cond:
             return self._idle()
 
+    def alive(self) -> bool:
+        """The scheduler thread is running (a replica's health check)."""
+        return self._thread.is_alive()
+
     def _idle(self) -> bool:
         return not self._queue and not self._running and not self._admitting and not self._stepping
 
