@@ -84,7 +84,7 @@ def router(engine, config) -> APIRouter:
             "model": config.served_names[0], "backend": engine.backend,
             "max_context": target.max_context, "num_layers": target.num_layers,
             "chat": bool(getattr(engine.tokenizer, "chat_template", None)),
-            "proposers": [p for p in proposers.available() if p != "auto"],
+            "proposers": list(proposers.available()),
             "drafts": [*defaults.allowed_drafts,
                        *(f"self:{n}" for n in range(1, target.num_layers + 1))],
             "defaults": {"proposer": defaults.proposer, "k": defaults.k,
