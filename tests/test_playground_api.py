@@ -216,6 +216,7 @@ def test_economics_endpoint_is_verispec_economics(server, capsys, alpha, k, cost
     model = economics.CostModel(draft_cost=cost, verify_overhead=overhead)
     assert got["expected_tokens"] == economics.expected_tokens(alpha, k)
     assert got["expected_speedup"] == economics.expected_speedup(alpha, k, model)
+    assert got["pass_cost"] == model.pass_cost(k)
     best = economics.optimal_k(alpha, model, 16)
     assert (got["optimal_k"], got["optimal_speedup"]) == (best.k, best.speedup)
     assert [p["speedup"] for p in got["curve"]] == [economics.expected_speedup(alpha, j, model)

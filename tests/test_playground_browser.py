@@ -142,12 +142,13 @@ def test_race_shows_identical_texts_and_times(browser, server):
     p.click("#race-run")
     p.wait_for_selector("#race-verdict[data-same]")
     assert p.get_attribute("#race-verdict", "data-same") == "true"
-    assert "identical" in p.inner_text("#race-verdict")
+    assert "identical" in p.inner_text("#race-verdict") and "all 6 runs" in p.inner_text("#race-verdict")
     plain = p.get_attribute("#lane-plain", "data-content")
     spec = p.get_attribute("#lane-spec", "data-content")
     assert plain == spec == api_text(server, prompt, {"proposer": "none"}, 32)["choices"][0]["text"]
     for lane in ("#lane-plain", "#lane-spec"):
         assert re.fullmatch(r"\d+\.\d\d s", p.inner_text(f"{lane} .time"))
+        assert re.fullmatch(r"median of 3: (\d+\.\d\d, ){2}\d+\.\d\d s", p.inner_text(f"{lane} .lane-runs"))
     assert "32 target passes" in p.inner_text("#lane-plain .meta")
     page.close()
 

@@ -49,6 +49,7 @@ def economics_report(alpha: float, k: int, draft_cost: float, verify_overhead: f
         "k_max": k_max,
         "expected_tokens": economics.expected_tokens(alpha, k),
         "expected_speedup": economics.expected_speedup(alpha, k, cost),
+        "pass_cost": cost.pass_cost(k),
         "optimal_k": best.k, "optimal_speedup": best.speedup,
         "ceiling": _finite(economics.ceiling(cost)),
         "curve": [{"k": j, "expected_tokens": economics.expected_tokens(alpha, j),

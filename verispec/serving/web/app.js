@@ -292,41 +292,63 @@ async function runLane(lane, plain) {
     lane.querySelector(".time").textContent = ((performance.now() - started) / 1000).toFixed(2) + " s";
   });
   const seconds = (performance.now() - started) / 1000;
-  lane.querySelector(".time").textContent = seconds.toFixed(2) + " s";
   const passes = final ? final.target_forwards : view.steps.length;
   lane.querySelector(".meta").textContent =
     `${view.tokens} tokens · ${passes} target passes · ${fmt(view.tokens / seconds, 1)} tok/s` +
     (final && final.drafted ? ` · acceptance ${pct(final.acceptance_rate)}` : "");
   lane.dataset.content = content;
-  lane.dataset.seconds = seconds;
   return { content, seconds, tokens: view.tokens };
 }
+
+const median = (xs) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; };
 
 async function runRace() {
   showError("");
   const verdict = $("race-verdict");
   verdict.hidden = false;
   verdict.className = "verdict running";
-  verdict.textContent = "racing: plain decoding first, then speculation…";
   delete verdict.dataset.same;
-  const lanes = [$("lane-plain"), $("lane-spec")];
-  lanes.forEach((l) => { l.classList.remove("winner"); l.querySelector(".lane-text").replaceChildren(); l.querySelector(".time").textContent = "–"; l.querySelector(".meta").textContent = ""; });
+  const lanes = { plain: $("lane-plain"), spec: $("lane-spec") };
+  Object.values(lanes).forEach((l) => {
+    l.classList.remove("winner");
+    l.querySelector(".lane-text").replaceChildren();
+    l.querySelector(".time").textContent = "–";
+    l.querySelector(".meta").textContent = "";
+    l.querySelector(".lane-runs").textContent = "";
+  });
   $("race-run").disabled = true;
+  const rounds = Number($("race-rounds").value);
+  const runs = { plain: [], spec: [] };
   try {
-    const plain = await runLane(lanes[0], true);
-    const spec = await runLane(lanes[1], false);
-    const same = plain.content === spec.content;
+    for (let i = 0; i < rounds; i++) {
+      // Alternate who goes first, so neither side always runs on a warmer machine.
+      for (const side of i % 2 ? ["spec", "plain"] : ["plain", "spec"]) {
+        verdict.textContent = `round ${i + 1} of ${rounds}: ${side === "plain" ? "plain decoding" : "speculation"}…`;
+        runs[side].push(await runLane(lanes[side], side === "plain"));
+        const times = runs[side].map((r) => r.seconds);
+        lanes[side].querySelector(".time").textContent = median(times).toFixed(2) + " s";
+        lanes[side].querySelector(".lane-runs").textContent = rounds > 1
+          ? `median of ${times.length}: ${times.map((t) => t.toFixed(2)).join(", ")} s` : "";
+        lanes[side].dataset.seconds = median(times);
+      }
+    }
+    const texts = new Set([...runs.plain, ...runs.spec].map((r) => r.content));
+    const same = texts.size === 1;
     verdict.dataset.same = String(same);
-    const ratio = plain.seconds / spec.seconds;
-    (ratio >= 1 ? lanes[1] : lanes[0]).classList.add("winner");
+    const plain = median(runs.plain.map((r) => r.seconds));
+    const spec = median(runs.spec.map((r) => r.seconds));
+    const ratio = plain / spec;
+    (ratio >= 1 ? lanes.spec : lanes.plain).classList.add("winner");
+    const tokens = runs.spec[0].tokens;
     if (same) {
       verdict.className = "verdict same";
-      verdict.textContent = `✓ identical: the same ${spec.tokens} tokens, character for character. ` +
-        `Speculation took ${spec.seconds.toFixed(2)} s against ${plain.seconds.toFixed(2)} s: ` +
-        (ratio >= 1 ? `${ratio.toFixed(2)}× faster.` : `${(1 / ratio).toFixed(2)}× slower.`);
+      verdict.textContent = `✓ identical: the same ${tokens} tokens, character for character` +
+        (rounds > 1 ? ` in all ${2 * rounds} runs` : "") + `. Speculation took ${spec.toFixed(2)} s against ` +
+        `${plain.toFixed(2)} s: ` + (ratio >= 1 ? `${ratio.toFixed(2)}× faster.` : `${(1 / ratio).toFixed(2)}× slower.`);
     } else {
+      const a = runs.plain[0].content, b = runs.spec.find((r) => r.content !== a) || runs.plain.find((r) => r.content !== a);
       let i = 0;
-      while (i < plain.content.length && plain.content[i] === spec.content[i]) i++;
+      while (i < a.length && a[i] === b.content[i]) i++;
       verdict.className = "verdict differ";
       verdict.textContent = `✗ the texts differ from character ${i}: that is a bug, please report it.`;
     }
@@ -400,7 +422,7 @@ function renderEconomics(r) {
   drawSpread(r);
   const note = $("preset-note");
   note.textContent = r.expected_speedup < 1
-    ? `Slower than plain decoding: ${r.k} drafts per pass cost ${fmt(r.k * r.draft_cost)} decode steps and return ${fmt(r.expected_tokens)} tokens. Try n-gram, or k = ${r.optimal_k}.`
+    ? `Slower than plain decoding: a pass with ${r.k} drafts costs ${fmt(r.pass_cost)} decode steps and returns ${fmt(r.expected_tokens)} tokens. Try n-gram, or k = ${r.optimal_k}.`
     : `${fmt(r.expected_speedup)}× over plain decoding; the best k here is ${r.optimal_k}.`;
 }
 
