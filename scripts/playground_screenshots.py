@@ -2,7 +2,7 @@
 
     python scripts/playground_screenshots.py [--url http://127.0.0.1:8000] [--out docs/img]
 
-Without --url it serves the default model in-process on a free loopback port.
+Without --url it starts `verispec serve --model default` on port 8799 and stops it after.
 It drives Debian's chromium through Playwright (scripts/install.sh installs both).
 """
 from __future__ import annotations
@@ -16,13 +16,30 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 
 
 @contextlib.contextmanager
-def default_server():
-    from verispec import Engine
-    from verispec.serving.server import ServerConfig, ServerThread, create_app
+def default_server(port: int = 8799, wait_s: float = 600.0):
+    """`verispec serve` for the default model in a child process, until the page answers."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
 
-    engine = Engine("default")
-    with ServerThread(create_app(engine, ServerConfig(("default",)))) as srv:
-        yield srv.url
+    url = f"http://127.0.0.1:{port}"
+    child = subprocess.Popen([sys.executable, "-m", "verispec.cli", "serve", "--model", "default",
+                              "--port", str(port), "--log-level", "warning"])
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5).read()
+                break
+            except OSError:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("verispec serve did not come up") from None
+                time.sleep(2)
+        yield url
+    finally:
+        child.terminate()
+        child.wait(timeout=60)
 
 
 def shoot(url: str, out: Path, chromium: str) -> None:
