@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from conftest import tiny_engine
+from conftest import CharTokenizer, tiny_engine
 from verispec.bench import econ_cli
 from verispec.serving.protocol import ServeDefaults
 from verispec.serving.server import ServerConfig, ServerThread, create_app
@@ -25,11 +25,19 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 TIMEOUT_MS = 120_000
 
 
+class ChatCharTokenizer(CharTokenizer):
+    """A chat template, so the page's chat path (delta.content) runs too."""
+    chat_template = "test"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return self.encode("".join(f"[{m['role']}]{m['content']}" for m in messages) + "[assistant]")
+
+
 @pytest.fixture(scope="module")
 def server():
     config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=6, adaptive=False,
                                                    allowed_drafts=("same",)))
-    with ServerThread(create_app(tiny_engine(), config)) as srv:
+    with ServerThread(create_app(tiny_engine(ChatCharTokenizer()), config)) as srv:
         yield srv
 
 
@@ -82,14 +90,20 @@ class Page:
         assert not self.errors, f"console errors: {self.errors}"
 
 
-def api_text(server, prompt: str, speculation: dict, max_tokens: int) -> dict:
+def api(server, prompt: str, speculation: dict, max_tokens: int, chat: bool = False) -> tuple[str, dict]:
+    """The text and speculation of the same request, non-streamed."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "speculation": speculation}
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    body = {"model": "tiny", "max_tokens": max_tokens, "temperature": 0, "speculation": speculation}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    conn.request("POST", "/v1/chat/completions" if chat else "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json"})
     out = json.loads(conn.getresponse().read())
     conn.close()
-    return out
+    choice = out["choices"][0]
+    return choice["message"]["content"] if chat else choice["text"], choice["speculation"]
 
 
 def test_live_colours_each_token_by_its_origin(browser, server):
@@ -106,11 +120,13 @@ def test_live_colours_each_token_by_its_origin(browser, server):
     spans = p.eval_on_selector_all(
         "#live-out .tok", "els => els.map(e => ({text: e.textContent, origin: e.dataset.origin, "
         "step: e.dataset.step, cls: e.className, bg: getComputedStyle(e).backgroundColor}))")
-    api = api_text(server, prompt, {"proposer": "draft", "draft": "self:1", "k": 4}, 40)
+    assert p.is_checked("#chat")  # the model has a chat template: the page uses it
+    text, speculation = api(server, prompt, {"proposer": "draft", "draft": "self:1", "k": 4}, 40,
+                            chat=True)
     stats = json.loads(p.get_attribute("#live-stats", "data-server"))
-    assert "".join(s["text"] for s in spans) == api["choices"][0]["text"]
-    assert p.get_attribute("#live-out", "data-content") == api["choices"][0]["text"]
-    assert stats == api["choices"][0]["speculation"]
+    assert "".join(s["text"] for s in spans) == text
+    assert p.get_attribute("#live-out", "data-content") == text
+    assert stats == speculation
     origins = [s["origin"] for s in spans]
     assert origins.count("accepted") == stats["accepted"] > 0
     assert origins.count("recovered") > 0
@@ -139,13 +155,14 @@ def test_race_shows_identical_texts_and_times(browser, server):
     p.select_option("#proposer", "ngram")
     page.set_value("#k", 5)
     p.fill("#max-tokens", "32")
+    p.uncheck("#chat")  # a plain completion this time
     p.click("#race-run")
     p.wait_for_selector("#race-verdict[data-same]")
     assert p.get_attribute("#race-verdict", "data-same") == "true"
     assert "identical" in p.inner_text("#race-verdict") and "all 6 runs" in p.inner_text("#race-verdict")
     plain = p.get_attribute("#lane-plain", "data-content")
     spec = p.get_attribute("#lane-spec", "data-content")
-    assert plain == spec == api_text(server, prompt, {"proposer": "none"}, 32)["choices"][0]["text"]
+    assert plain == spec == api(server, prompt, {"proposer": "none"}, 32)[0]
     for lane in ("#lane-plain", "#lane-spec"):
         assert re.fullmatch(r"\d+\.\d\d s", p.inner_text(f"{lane} .time"))
         assert re.fullmatch(r"median of 3: (\d+\.\d\d, ){2}\d+\.\d\d s", p.inner_text(f"{lane} .lane-runs"))
