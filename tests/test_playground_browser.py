@@ -13,6 +13,7 @@ import pytest
 from conftest import CharTokenizer, tiny_engine
 from verispec.bench import econ_cli
 from verispec.serving.protocol import ServeDefaults
+from verispec.serving.scheduler import SchedulerConfig
 from verispec.serving.server import ServerConfig, ServerThread, create_app
 
 pytestmark = pytest.mark.slow
@@ -212,3 +213,29 @@ def test_tabs_and_no_outside_requests(browser, server):
     page.page.wait_for_selector("#ro-best[data-k]", state="attached")
     assert all(u.startswith(server.url) for u in page.requests)
     page.close()
+
+
+def test_default_model_live_and_race(browser, default_engine):
+    """The real model: its chat template and byte-level BPE vocabulary, through the page."""
+    # Fixed k: no cost curve needed, so skip the start-up timing of forwards.
+    config = ServerConfig(("default",), ServeDefaults(proposer="ngram", k=8, adaptive=False),
+                          SchedulerConfig(calibrate=False))
+    with ServerThread(create_app(default_engine, config)) as srv:
+        page = Page(browser, srv, "live")
+        p = page.page
+        p.fill("#max-tokens", "40")
+        p.select_option("#proposer", "ngram")
+        page.set_value("#k", 8)
+        p.click("#live-run")
+        p.wait_for_selector("#live-out[data-done=true]")
+        spans = p.eval_on_selector_all("#live-out .tok", "els => els.map(e => e.textContent)")
+        stats = json.loads(p.get_attribute("#live-stats", "data-server"))
+        assert "".join(spans) == p.get_attribute("#live-out", "data-content")
+        assert stats["accepted"] > 0  # the default prompt is a summary: n-gram finds copies
+        p.click("a[data-tab=race]")
+        p.select_option("#race-rounds", "1")
+        p.click("#race-run")
+        p.wait_for_selector("#race-verdict[data-same]")
+        assert p.get_attribute("#race-verdict", "data-same") == "true"
+        assert p.get_attribute("#lane-spec", "data-content") == "".join(spans)
+        page.close()
