@@ -254,6 +254,7 @@ async function runLive() {
   const controller = new AbortController();
   state.liveAbort = controller;
   $("live-run").disabled = true; $("live-stop").disabled = false;
+  $("live-out").classList.add("streaming");
   const req = request();
   const tree = Number($("tree").value) > 0;
   const started = performance.now();
@@ -272,25 +273,33 @@ async function runLive() {
     else $("strip-note").textContent = "stopped";
   } finally {
     $("live-run").disabled = false; $("live-stop").disabled = true;
+    $("live-out").classList.remove("streaming");
   }
 }
 
 // ---- Race ----------------------------------------------------------------
 async function runLane(lane, plain) {
   const box = lane.querySelector(".lane-text");
-  const view = new TokenView(box, null, null);
+  lane.view = lane.view || new TokenView(box, null, null);
+  const view = lane.view;
+  view.reset();
   lane.querySelector(".time").textContent = "running…";
   lane.querySelector(".meta").textContent = "";
   const req = request({ plain, greedy: true });
+  box.classList.add("streaming");
   const started = performance.now();
   let content = "";
   let final = null;
-  await streamCompletion(req, (delta, choice) => {
-    content += delta;
-    if (choice.provenance) view.add(choice.provenance, Number($("tree").value) > 0);
-    if (choice.speculation) final = choice.speculation;
-    lane.querySelector(".time").textContent = ((performance.now() - started) / 1000).toFixed(2) + " s";
-  });
+  try {
+    await streamCompletion(req, (delta, choice) => {
+      content += delta;
+      if (choice.provenance) view.add(choice.provenance, Number($("tree").value) > 0);
+      if (choice.speculation) final = choice.speculation;
+      lane.querySelector(".time").textContent = ((performance.now() - started) / 1000).toFixed(2) + " s";
+    });
+  } finally {
+    box.classList.remove("streaming");
+  }
   const seconds = (performance.now() - started) / 1000;
   const passes = final ? final.target_forwards : view.steps.length;
   lane.querySelector(".meta").textContent =
