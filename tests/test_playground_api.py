@@ -247,7 +247,9 @@ def test_seed_experiment_presets(server):
 
 @pytest.mark.parametrize("params,word", [({"alpha": 1.0}, "alpha"), ({"alpha": 0.5, "k": -1}, "k"),
                                          ({"alpha": 0.5, "draft_cost": -1}, "draft_cost"),
-                                         ({"alpha": 0.5, "k_max": 99}, "k_max")])
+                                         ({"alpha": 0.5, "k_max": 99}, "k_max"),
+                                         ({"alpha": 0.5, "k": 33}, "k"),
+                                         ({"alpha": 0.5, "rounds": 10**7}, "rounds")])
 def test_economics_refuses_bad_values(server, params, word):
     status, body = economics_call(server, **params)
     assert status == 400 and word in body["error"]["message"]

@@ -209,7 +209,9 @@ def test_tabs_and_no_outside_requests(browser, server):
     page = Page(browser, server, "live")
     for tab in ("race", "economics", "live"):
         page.page.click(f"a[data-tab={tab}]")
-        assert page.page.locator(f"#view-{tab}").is_visible()
+        page.page.wait_for_selector(f"#view-{tab}", state="visible", timeout=5000)
+        assert page.page.locator(".view:visible").count() == 1
+        assert page.page.locator("#controls").is_visible() == (tab != "economics")
     page.page.wait_for_selector("#ro-best[data-k]", state="attached")
     assert all(u.startswith(server.url) for u in page.requests)
     page.close()

@@ -27,6 +27,7 @@ from ..bench import economics, simulate
 
 WEB = Path(__file__).with_name("web")
 K_MAX = 32
+MAX_ROUNDS = 4096
 SPREAD_TRIALS = 200
 
 
@@ -40,6 +41,10 @@ def economics_report(alpha: float, k: int, draft_cost: float, verify_overhead: f
     Raises ValueError on an out-of-range argument."""
     if not 1 <= k_max <= K_MAX:
         raise ValueError(f"k_max must be in [1, {K_MAX}], got {k_max}")
+    if not 0 <= k <= K_MAX:
+        raise ValueError(f"k must be in [0, {K_MAX}], got {k}")
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
     cost = economics.CostModel(draft_cost=draft_cost, verify_overhead=verify_overhead)
     best = economics.optimal_k(alpha, cost, k_max)
     run = simulate.simulate(alpha, k, rounds, seed, cost)
@@ -94,8 +99,9 @@ def router(engine, config) -> APIRouter:
             "k_max": K_MAX,
         }
 
+    # A plain def: FastAPI runs it on a worker thread, off the loop that streams tokens.
     @api.get("/playground/api/economics")
-    async def economics_endpoint(
+    def economics_endpoint(
             alpha: float = Query(..., description="acceptance rate in [0, 1)"),
             k: int = Query(4, description="draft length"),
             draft_cost: float = Query(0.0, description="draft cost per token, relative to a decode step"),

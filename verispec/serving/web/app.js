@@ -25,6 +25,7 @@ function showTab(name) {
   if (name === "economics" && !state.econ) requestEconomics();
 }
 window.addEventListener("hashchange", () => showTab(location.hash.slice(1)));
+document.querySelectorAll(".tabs a").forEach((a) => a.addEventListener("click", () => showTab(a.dataset.tab)));
 
 // ---- server info and the shared controls ---------------------------------
 async function loadInfo() {
