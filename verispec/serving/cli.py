@@ -16,6 +16,8 @@ then any OpenAI client:
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
 
+open http://127.0.0.1:8000/playground to watch speculation token by token.
+
 A request may override speculation with an extra field, e.g.
   "speculation": {"proposer": "ngram", "k": 4}   (k "auto" = chosen per step under load)
 """
@@ -73,6 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"{names[0]!r} on http://{args.host}:{args.port}/v1, proposer {defaults.proposer}, "
           f"k {'auto <= ' if defaults.adaptive else ''}{defaults.k}, "
           f"max_num_seqs {args.max_num_seqs}, max_queue {args.max_queue}", flush=True)
+    print(f"verispec serve: the playground is at http://{args.host}:{args.port}/playground", flush=True)
     serve(engine, config, args.host, args.port, args.log_level)
     return 0
 
@@ -85,7 +88,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         description="Serve /v1/completions and /v1/chat/completions (OpenAI schema, SSE "
                     "streaming), /v1/models, /health and /metrics. Running requests share one "
                     "target forward per step; each response carries a `speculation` object "
-                    "(drafted, accepted, tau, proposer).",
+                    "(drafted, accepted, tau, proposer). The playground page is at /playground.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--proposer", default="auto",

@@ -8,7 +8,10 @@ ignored. OpenAI fields whose feature verispec lacks (logprobs, penalties,
 tools) are accepted only at their neutral values.
 
 verispec extensions: `top_k`, `ignore_eos`, and a `speculation` object
-`{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft"}`.
+`{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft"}`,
+and `stream_options.include_provenance`: every streamed chunk then carries, per
+choice, a `provenance` object telling where each token came from (the format is
+in `verispec.serving.provenance`). Without it a stream is exactly OpenAI's.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ class Job:
     stream: bool
     include_usage: bool
     echo: bool
+    include_provenance: bool = False  # stream_options.include_provenance (a verispec extension)
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice i of n draws from its own seed, so seeded choices differ but repeat."""
@@ -180,7 +184,7 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
     options = _typed(body, "stream_options", dict, {})
     if options and not stream:
         raise APIError("'stream_options' is only allowed with stream: true", "stream_options")
-    unknown = set(options) - {"include_usage"}
+    unknown = set(options) - {"include_usage", "include_provenance"}
     if unknown:
         raise APIError(f"Unrecognized stream_options field: {sorted(unknown)[0]}", "stream_options",
                        "unknown_parameter")
@@ -365,5 +369,6 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
         if min(ids) < 0 or max(ids) >= vocab:
             raise APIError(f"prompt token ids must be in [0, {vocab})", "prompt")
     budget = max_tokens(body, chat, max(len(ids) for ids in inputs), engine.target.max_context)
+    provenance = _typed(_typed(body, "stream_options", dict, {}), "include_provenance", bool, False)
     return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, n, stream,
-               include_usage, echo)
+               include_usage, echo, provenance)

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 from ..bench.economics import CostModel
 from ..config import SamplingParams, SpecConfig
 from ..engine import SpecRequest
-from ..metrics import Stats
+from ..metrics import Stats, StepRecord
 from ..models.base import TargetModel
 from .cost import Candidate, StepCost, allocate, calibrate
 from .guard import SpeculationGuard
@@ -76,6 +76,7 @@ class Progress:
     tokens: list[int]
     finish_reason: str | None
     stats: Stats
+    record: StepRecord | None = None  # this step's own record (stats keeps growing meanwhile)
 
 
 @dataclass
@@ -347,7 +348,7 @@ class Scheduler:
                 slot.draft_tokens = 0.9 * slot.draft_tokens + record.k
             emitted, drafted = emitted + record.emitted, drafted + record.drafted
             accepted += record.accepted
-            self._deliver(slot.ticket, Progress(step.tokens, step.finish_reason, request.stats))
+            self._deliver(slot.ticket, Progress(step.tokens, step.finish_reason, request.stats, record))
             if request.finished:
                 self._end_locked(slot, None)
         # The cost of a width is the forward plus verifying its rows on the host: per

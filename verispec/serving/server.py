@@ -2,7 +2,7 @@
 
 Routes: POST /v1/completions and /v1/chat/completions (JSON, or server-sent
 events ending with `data: [DONE]` when stream is true), GET /v1/models,
-/health and /metrics (Prometheus text).
+/health, /metrics (Prometheus text) and the playground page (/playground).
 
 A request is validated completely (`protocol.build_job`) before anything is
 queued; each of its choices becomes one scheduler `Ticket`, whose events the
@@ -28,8 +28,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..api import Engine, TextDeltas
 from ..metrics import Stats
+from . import playground
 from .metrics import ServingMetrics
 from .protocol import APIError, Job, ServeDefaults, build_job
+from .provenance import ChoiceProvenance
 from .scheduler import Failure, Progress, QueueFull, Scheduler, SchedulerClosed, SchedulerConfig, Ticket
 
 
@@ -77,6 +79,7 @@ class _Run:
         self.stats: list[Stats | None] = []
         self.finish: list[str | None] = []
         self.token_count: list[int] = []
+        self.provenance: list[ChoiceProvenance] = []
         for prompt in job.prompts:
             for j in range(job.n):
                 index = len(self.tickets)
@@ -86,6 +89,8 @@ class _Run:
                 self.stats.append(None)
                 self.finish.append(None)
                 self.token_count.append(0)
+                if job.include_provenance:
+                    self.provenance.append(ChoiceProvenance(engine.decode))
         self.open = len(self.tickets)
 
     def _sink(self, index: int):
@@ -228,6 +233,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     async def chat_completions(request: Request):
         return await generate(request, chat=True)
 
+    playground.mount(app, engine, config)
     return app
 
 
@@ -288,7 +294,10 @@ async def _stream(run: _Run, first, ident: str, chat: bool, model: str):
             else:
                 reason = ev.finish_reason
                 extra = {"speculation": run.speculation(index)} if reason else {}
-                if delta or reason:
+                if run.provenance and ev.record is not None:
+                    extra["provenance"] = run.provenance[index].step(ev.record, ev.tokens,
+                                                                     reason is not None)
+                if delta or extra:
                     body = {"delta": {"content": delta} if delta else {}} if chat else {"text": delta}
                     yield chunk([{"index": index, **body, "logprobs": None,
                                   "finish_reason": reason, **extra}])
