@@ -324,12 +324,10 @@ class NativeLlama(TargetModel):
             # Fixed-size row blocks make every matmul see the same shapes whatever n is.
             rows = -(-n // ROW_TILE) * ROW_TILE
             tokens, cos, sin = (_pad_rows(t, rows) for t in (tokens, cos, sin))
-        # Half precision attends row by row so verification equals plain decoding
-        # bit for bit; fp32 matmuls are not row-invariant anyway, and their
-        # block-vs-row differences (~1e-6) stay far below a greedy near-tie.
+        # Blocks attend row by row so verification equals plain decoding bit for
+        # bit; with _linear's padded fp32 GEMMs this holds in fp32 too.
         attn_mask = AttentionMask.build(mask, start, n, rows, self._heads // self._kv_heads,
-                                        self.device, self.batch_invariant,
-                                        rowwise=self.dtype != torch.float32)
+                                        self.device, self.batch_invariant, rowwise=True)
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
         wanted = set(hidden_layers)
         last = self.num_layers
