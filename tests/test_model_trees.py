@@ -129,7 +129,8 @@ def test_stop_tokens_zero_probabilities_and_row_limits():
 
 
 def test_tree_settings_are_validated_and_reach_the_spec_from_the_cli():
-    from verispec.cli import build_parser, spec_from
+    from verispec.cli import build_parser
+    from verispec.cli_args import spec_from
 
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--proposer", "eagle",
                                       "--tree", "24", "--tree-shape", "topb", "--tree-branch", "2"])

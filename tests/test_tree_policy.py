@@ -131,7 +131,8 @@ def test_step_budget_reaches_the_proposer():
 
 def test_config_and_cli_spellings():
     from verispec.bench.runner import proposer_spec
-    from verispec.cli import build_parser, spec_from
+    from verispec.cli import build_parser
+    from verispec.cli_args import spec_from
 
     with pytest.raises(ValueError, match="tree_auto"):
         SpecConfig("ngram", tree=16, tree_auto=True)

@@ -44,6 +44,7 @@ through the same lossless verification.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ from ..acceptance import Evidence
 from .base import DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, build, register
 
 CANDIDATES = ("ngram", "eagle", "medusa", "draft")  # each where it can be built
+log = logging.getLogger(__name__)
 
 
 KEY_PRIOR_STRENGTH = 2.0  # pseudo-outcomes a new key's counts start from, decayed like real ones
@@ -83,7 +85,8 @@ class Track:
     pooled: Tally = field(default_factory=Tally)  # every outcome (prior: alpha 0.5 until data)
     by_key: dict[int, Tally] = field(default_factory=dict)  # outcomes under each evidence key
     draft_seconds: float = 0.0  # per drafted token, running mean
-    pending: list[int] = field(default_factory=list)  # its last guess, awaiting the verdict
+    pending: list[list[int]] = field(default_factory=list)  # its last guess as root-to-leaf
+    # paths (one for a chain), awaiting the verdict
     pending_key: int | None = None  # the evidence key the guess was made under
     chosen_steps: int = 0
     interval: int = 8  # steps between probes while not chosen
@@ -210,7 +213,7 @@ class AutoProposer(Proposer):
                 track.draft_seconds = _mean(track.draft_seconds,
                                             (time.perf_counter() - start) / len(proposal),
                                             track.chosen_steps + 1)
-            track.pending = proposal.tokens.tolist()
+            track.pending = _paths(proposal)
             track.pending_key = key
             if evidence is not None and key not in track.by_key:
                 track.by_key[key] = Tally.seeded(track.prior(evidence, name == self._evidence_from))
@@ -242,17 +245,32 @@ class AutoProposer(Proposer):
             for track in self.tracks.values():
                 if not track.pending or not new:
                     continue
-                matched = 0
-                for guess, actual in zip(track.pending, new):
-                    if guess != actual:
-                        break
-                    matched += 1
-                missed = matched < len(track.pending)
+                # What verification keeps of a tree: the longest path prefix that
+                # matches; it missed unless that path was matched to its end.
+                reach = [(_matched(path, new), len(path)) for path in track.pending]
+                matched = max(m for m, _ in reach)
+                missed = not any(m == matched == n for m, n in reach)
                 track.pooled.add(matched, missed, self.decay)
                 if track.pending_key in track.by_key:
                     track.by_key[track.pending_key].add(matched, missed, self.decay)
                 track.pending = []
         self._seen = len(tokens)
+
+
+def _paths(proposal: Proposal) -> list[list[int]]:
+    if proposal.tree is None:
+        return [proposal.tokens.tolist()] if len(proposal) else []
+    tree = proposal.tree
+    return [[tree.token_list[i] for i in path] for path in tree.paths()]
+
+
+def _matched(guess: list[int], actual: list[int]) -> int:
+    matched = 0
+    for g, a in zip(guess, actual):
+        if g != a:
+            break
+        matched += 1
+    return matched
 
 
 def _mean(old: float, value: float, count: int) -> float:
@@ -263,15 +281,27 @@ def _mean(old: float, value: float, count: int) -> float:
     return (1 - weight) * old + weight * value
 
 
+_said: set[tuple[str, str]] = set()  # (candidate, reason) already logged in this process
+
+
 @register("auto")
 def _build(setup: ProposerSetup) -> Proposer:
+    """Every candidate that can be built for this target, each with the request's
+    tree settings (a candidate drafts a tree where the request asks for one)."""
     candidates: dict[str, Proposer] = {}
     for name in CANDIDATES:
+        if name == "draft" and not setup.spec.draft:
+            continue  # no draft model named: not a candidate, nothing to report
         try:
-            spec = dataclasses.replace(setup.spec, proposer=name, tree=0)
+            spec = dataclasses.replace(setup.spec, proposer=name)
             candidates[name] = build(dataclasses.replace(setup, spec=spec))
-        except ValueError:
-            # No head trained for this target, or no draft model named: the
-            # candidate is simply absent.
-            continue
+        except ValueError as exc:
+            # No head trained for this target, say: the candidate is absent, and the
+            # log says why (once per reason, since a server builds one per request).
+            level = logging.DEBUG if (name, str(exc)) in _said else logging.WARNING
+            _said.add((name, str(exc)))
+            log.log(level, "auto: candidate %s skipped: %s", name, exc)
+    if not candidates:
+        raise ValueError("auto: no candidate proposer could be built for this target "
+                         "(see the log for each candidate's reason)")
     return AutoProposer(candidates)
