@@ -7,9 +7,9 @@ import pytest
 
 from conftest import tiny_engine
 from verispec import SamplingParams, SpecConfig
-from verispec.bench.economics import CostModel
 from verispec.config import DEFAULT_SPEC
-from verispec.policy import AdaptiveK, StepObservation, expected_tokens_per_pass
+from verispec.economics import CostModel, expected_tokens_per_pass
+from verispec.policy import AdaptiveK, StepObservation
 from verispec.proposers.base import DraftContext
 from verispec.proposers.ngram import NgramProposer
 from verispec.tree_policy import AdaptiveTree, TreePlan

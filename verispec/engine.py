@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .config import SamplingParams, SpecConfig
-from .bench.economics import load_profile
+from .economics import load_profile
 from .metrics import Stats, StepRecord
 from .policy import AdaptiveK, StepObservation
 from .models.base import BatchItem, ForwardOutput, TargetModel

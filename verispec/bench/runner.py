@@ -33,8 +33,8 @@ _WARMUP_TOKENS = 8
 class BenchConfig:
     """One column of the benchmark: a verispec SpecConfig or a named peer.
 
-    New proposers (EAGLE, Medusa, adaptive k) need no change here: they are a
-    registry name inside a SpecConfig, and `extra` carries their options.
+    A new proposer needs no change here: it is a registry name inside a
+    SpecConfig, and its options are SpecConfig fields (verispec.spec_text).
     """
     label: str  # unique within a run; the report's row name
     kind: str  # VERISPEC or PEER
@@ -54,6 +54,14 @@ class BenchConfig:
     @property
     def speculative(self) -> bool:
         return self.kind == VERISPEC and not self.is_plain
+
+
+@dataclass
+class PeerOutput:
+    """What a peer's run returns (verispec.bench.peers, verispec.bench.llamacpp)."""
+    token_ids: list[int]
+    seconds: float
+    finish_reason: str
 
 
 @dataclass(frozen=True)

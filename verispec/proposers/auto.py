@@ -20,23 +20,22 @@ E[tokens per pass] / (draft time + verify time), from:
 A costly candidate that is not probed is not called at all: the target's
 hidden rows it would read wait in its `HeldRows` and reach it in one call
 before its next probe. An EAGLE head then runs one step
-over many rows instead of one small step per target pass, which is what kept
-it scored for ~15% of the time on the `mixed` workload before.
+over many rows instead of one small step per target pass, which is what made
+keeping it scored costly before.
 
 Alpha is kept per evidence key as well as pooled. A free candidate that knows
 how good its guess will be before drafting (n-gram lookup: its matched suffix
 length, `Proposer.evidence`) names the situation of every step, and each
 candidate's outcomes are counted under that key too. On held-out target text
 the key separates the candidates cleanly (`python -m verispec.training.evaluate
---by-key`, docs/heads.md): after a 0- or 1-token match the shipped EAGLE head's
-5-token chains gave 1.46-1.81 tokens per pass and n-gram lookup's 1.00-1.47;
-after a longer match n-gram lookup gave 2.23-5.10 and the head 1.29-1.96. So
-within one answer `auto` copies with n-gram lookup and writes freely with the
+--by-key`, docs/heads.md): after a short match the shipped EAGLE head's chains
+commit more tokens per pass than n-gram lookup's, after a longer match n-gram
+lookup commits more. So within one answer `auto` copies with n-gram lookup and writes freely with the
 head, step by step, instead of backing one candidate for the whole request.
 `auto` passes the same evidence on to the engine's adaptive k.
 
 Expected tokens per pass for k drafts at per-token acceptance alpha is
-(1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023). Scoring by matching
+`economics.chain_tokens` (Leviathan et al. 2023). Scoring by matching
 the committed tokens is exact for greedy decoding and a fair estimate when
 sampling. Outputs never depend on the choice: every candidate's proposal goes
 through the same lossless verification.
@@ -49,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..acceptance import Evidence
+from ..economics import chain_tokens
 from .base import DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, build, register
 
 CANDIDATES = ("ngram", "eagle", "medusa", "draft")  # each where it can be built
@@ -107,12 +107,6 @@ class Track:
             return self.alpha
         tally = self.by_key.get(evidence.key)
         return self.prior(evidence, own) if tally is None else tally.alpha
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 class AutoProposer(Proposer):
@@ -227,12 +221,12 @@ class AutoProposer(Proposer):
     def _best_length(self, alpha: float, track: Track, k: int) -> tuple[int, float]:
         """The draft length <= k with the highest expected goodput for a candidate,
         and that goodput. The engine's k is a cap: it prices one draft cost for
-        the request, while a head's draft token costs ~10% of a target pass here
+        the request, while a head's draft token costs a fraction of a target pass
         (one head step each). A free candidate's cost is per call, not per token,
         so it drafts the whole cap."""
         verify, per_token = self._verify_seconds, track.draft_seconds
         lengths = [k] if track.proposer.free else range(1, k + 1)
-        rates = [(expected_tokens(alpha, n) / max(verify + n * per_token, 1e-6), n)
+        rates = [(chain_tokens(alpha, n) / max(verify + n * per_token, 1e-6), n)
                  for n in lengths]
         rate, n = max(rates)
         return n, rate

@@ -38,7 +38,7 @@ def serve_defaults(args: argparse.Namespace) -> ServeDefaults:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..bench.economics import load_profile
+    from ..economics import load_profile
     from .scheduler import SchedulerConfig
     from .server import ServerConfig, serve
 
