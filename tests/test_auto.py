@@ -13,7 +13,8 @@ from test_greedy_equality import PROMPTS, plain
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.lossless import compare_greedy
 from verispec.acceptance import Evidence
-from verispec.proposers.auto import AutoProposer, expected_tokens
+from verispec.economics import chain_tokens
+from verispec.proposers.auto import AutoProposer
 from verispec.proposers.base import DraftContext, Proposal, Proposer
 
 
@@ -61,9 +62,9 @@ def _drive(auto: AutoProposer, future: list[int], steps: int, k: int = 4) -> lis
 
 
 def test_expected_tokens_formula():
-    assert expected_tokens(0.0, 5) == 1.0
-    assert expected_tokens(1.0, 5) == 6.0
-    assert abs(expected_tokens(0.5, 2) - 1.75) < 1e-12
+    assert chain_tokens(0.0, 5) == 1.0
+    assert chain_tokens(1.0, 5) == 6.0
+    assert abs(chain_tokens(0.5, 2) - 1.75) < 1e-12
 
 
 def test_picks_the_proposer_that_matches_and_switches_when_the_text_changes():

@@ -10,7 +10,7 @@ import pytest
 from conftest import CharTokenizer, tiny_target
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench import bench_cli
-from verispec.bench.economics import expected_tokens, load_profile
+from verispec.economics import expected_tokens, load_profile
 from verispec.bench.peers import parse_peers
 from verispec.bench.runner import BenchPrompt, parse_k_list, verispec_configs
 from verispec.cli import build_parser, main
@@ -260,3 +260,24 @@ def test_replay_reproduces_the_engine_and_scores_k_without_a_clock(engine):
     adaptive = replay(prompt, output, 0.05, None, k_cap=6)
     assert adaptive.tokens == len(output) and adaptive.passes <= len(output)
     assert replay(prompt, output, 0.05, 0).speedup == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_cli_bench_on_the_users_own_prompts(tmp_path, capsys):
+    """`--workload FILE.jsonl` benchmarks a user's prompts: plain text or chats, ids optional."""
+    own = tmp_path / "mine.jsonl"
+    own.write_text(json.dumps({"prompt": "Repeat: red green blue red green blue"}) + "\n\n"
+                   + json.dumps({"id": "q2", "messages": [{"role": "user", "content": "Hi"}]})
+                   + "\n", encoding="utf-8")
+    argv = ["bench", "--max-new-tokens", "12", "--workload", str(own),
+            "--proposer", "none,ngram", "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(argv) == 0
+    assert "### mine (2 prompts)" in capsys.readouterr().out
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {r["prompt_id"] for r in data["records"]} == {"mine:1", "q2"}
+    assert all(r["vs_plain"] in ("identical", "near-tie") for r in data["records"]
+               if r["config"] == "ngram")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": ""}\n', encoding="utf-8")
+    assert main(["bench", "--workload", str(bad), "--out", str(tmp_path / "o2")]) == 2
+    assert main(["bench", "--workload", str(tmp_path / "absent.jsonl")]) == 2

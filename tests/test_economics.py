@@ -7,7 +7,7 @@ import math
 import pytest
 
 from verispec.bench.econ_cli import main
-from verispec.bench.economics import (
+from verispec.economics import (
     CostModel,
     OptimalK,
     ceiling,

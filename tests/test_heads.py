@@ -315,7 +315,8 @@ def test_lossy_typical_is_reported_and_validated(root, tiny):
 
 
 def test_cli_flags_reach_the_spec():
-    from verispec.cli import build_parser, spec_from
+    from verispec.cli import build_parser
+    from verispec.cli_args import spec_from
 
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--proposer", "eagle",
                                       "--head", "/some/dir", "--lossy-typical"])

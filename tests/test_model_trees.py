@@ -13,16 +13,18 @@ import torch
 
 from conftest import tiny_target
 from heads_support import random_head
+from tree_support import Recorded, tree_request
 from test_greedy_equality import plain
 from test_head_equality import _exact_marginals, _sampled_counts, _worst_pvalue
 from verispec import Engine, SamplingParams, SpecConfig, rejection
+from verispec.engine import run_alone
 from verispec.heads.eagle import HeadCache
 from verispec.lossless import compare_greedy
 from verispec.proposers import ProposerSetup, build
 from verispec.proposers import eagle as eagle_module
 from verispec.proposers.base import DraftContext
 from verispec.proposers.tree_drafting import DraftTree, TreeShape, grow
-from verispec.tree import ROOT, TokenTree, tree_step
+from verispec.token_tree import ROOT, TokenTree
 
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], list(range(10, 40))]
 GREEDY = SamplingParams(max_new_tokens=24)
@@ -129,7 +131,8 @@ def test_stop_tokens_zero_probabilities_and_row_limits():
 
 
 def test_tree_settings_are_validated_and_reach_the_spec_from_the_cli():
-    from verispec.cli import build_parser, spec_from
+    from verispec.cli import build_parser
+    from verispec.cli_args import spec_from
 
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--proposer", "eagle",
                                       "--tree", "24", "--tree-shape", "topb", "--tree-branch", "2"])
@@ -207,17 +210,18 @@ def test_same_model_draft_tree_accepts_its_whole_argmax_path(target, shape):
                           tree_branch=branch)
         proposer = build(ProposerSetup(target, spec, GREEDY, torch.Generator(),
                                        {"load_draft": lambda _: target}))
-        committed = list(PROMPTS[0])
-        cache = target.new_cache()
-        target.forward(torch.tensor(committed[:-1]), cache, num_logits=1)
+        recorded = Recorded(proposer)
+        request = tree_request(target, PROMPTS[0], SamplingParams(max_new_tokens=64), recorded,
+                               k=k, nodes=budget)
+        steps = run_alone(target, request)
         depths = []
         for _ in range(6):
-            tree = proposer.propose(DraftContext(committed, len(PROMPTS[0])), k).tree
-            result = tree_step(target, cache, committed, tree, GREEDY, torch.Generator())
-            assert result.num_accepted == _first_child_depth(tree), (budget, k, branch)
-            assert len(result.tokens) == result.num_accepted + 1
-            depths.append(result.num_accepted)
-            committed += result.tokens
+            step = next(steps)
+            tree, accepted = recorded.trees[-1], request.stats.steps[-1].accepted
+            assert accepted == _first_child_depth(tree), (budget, k, branch)
+            assert len(step.tokens) == accepted + 1
+            depths.append(accepted)
+        committed = request.tokens
         if shape == "topb":  # the argmax path is the first node of every depth
             assert depths == [min(k, _topb_depth(budget, branch))] * len(depths)
         else:  # EAGLE-2 may rank other branches above it, though not always

@@ -7,20 +7,18 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from verispec.bench.economics import (
+from verispec.acceptance import Evidence
+from verispec.economics import (
     CostModel,
+    best_draft,
+    depths,
     expected_speedup,
     expected_tokens,
+    expected_tokens_per_pass,
     load_profile,
     optimal_k,
 )
-from verispec.acceptance import Evidence
-from verispec.policy import (
-    AdaptiveK,
-    StepObservation,
-    best_node_budget,
-    expected_tokens_per_pass,
-)
+from verispec.policy import AdaptiveK, StepObservation
 
 T1 = 0.02  # simulated seconds of one plain decode step
 MAX_K = 12
@@ -129,9 +127,11 @@ def test_choice_converges_to_optimal_k(alpha, cost):
     controller = AdaptiveK(cost, half_life=256)
     run(controller, EvenWorld(alpha, cost), 600)
     assert controller.choose(MAX_K) == expected
-    budget = best_node_budget([alpha] * 4, cost, MAX_K)
-    assert budget.nodes == expected
-    assert budget.speedup == pytest.approx(expected_speedup(alpha, expected, cost))
+    # The economics core on the true alpha and cost picks the same k, at the speedup
+    # of the closed form (seconds in units of T(1), so the rate is the speedup).
+    best = best_draft(depths([alpha] * 4, MAX_K), [cost.pass_cost(k) for k in range(MAX_K + 1)])
+    assert best.k == expected
+    assert best.rate == pytest.approx(expected_speedup(alpha, expected, cost))
 
 
 def test_measured_profile_file(tmp_path):
@@ -153,7 +153,8 @@ def test_online_timing_overrides_a_wrong_prior():
     controller = AdaptiveK(prior, half_life=256)
     run(controller, EvenWorld(0.8, truth), 600)
     assert controller.choose(MAX_K) == optimal_k(0.8, truth, MAX_K).k
-    assert controller.node_budget(MAX_K).speedup == pytest.approx(
+    best = controller.best(MAX_K)  # its rate in tokens/s; times T(1), the speedup
+    assert best.rate * controller.step_seconds(0)[0] == pytest.approx(
         optimal_k(0.8, truth, MAX_K).speedup, rel=0.02)
 
 

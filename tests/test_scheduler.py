@@ -11,7 +11,7 @@ import pytest
 
 from conftest import CharTokenizer, tiny_engine
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.bench.economics import CostModel
+from verispec.economics import CostModel
 from verispec.proposers.base import DraftContext
 from verispec.serving.cost import Candidate, StepCost, allocate, calibrate
 from verispec.serving.scheduler import (Failure, Progress, QueueFull, Scheduler, SchedulerConfig,

@@ -8,10 +8,13 @@ import torch
 from scipy.stats import chisquare
 
 from conftest import tiny_llama, tiny_target
+from tree_support import ScriptedTrees, tree_request
 from verispec import rejection
 from verispec.config import SamplingParams
+from verispec.engine import run_alone
 from verispec.rejection import verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
-from verispec.tree import ROOT, TokenTree, tree_attention, tree_step
+from verispec.token_tree import ROOT, TokenTree
+from verispec.tree import tree_attention, tree_feed, tree_finish
 
 PATHS = [[5, 6, 7], [5, 6, 8, 9], [5, 10], [11], [12, 13]]
 
@@ -101,21 +104,23 @@ def _kv(cache) -> list[torch.Tensor]:
 @pytest.mark.parametrize("temperature", [0.0, 1.5])
 def test_cache_after_tree_steps_equals_cache_of_committed_tokens(target, temperature):
     sampling = SamplingParams(temperature=temperature, max_new_tokens=64)
-    gen = torch.Generator().manual_seed(1)
-    committed = _prompt()
-    cache = _prefilled(target, committed)
-    accepted = 0
+    steps_taken = []
+
+    def script(committed):
+        steps_taken.append(len(steps_taken))
+        return TokenTree.from_paths(_random_paths(committed, target, steps_taken[-1]))
+
+    request = tree_request(target, _prompt(), sampling, ScriptedTrees(script, hidden_layers=(1,)))
+    steps = run_alone(target, request)
     for step in range(6):
-        tree = TokenTree.from_paths(_random_paths(committed, target, step))
-        past_len = cache.length
-        result = tree_step(target, cache, committed, tree, sampling, gen, hidden_layers=(1,))
-        committed += result.tokens
-        accepted += result.num_accepted
-        assert cache.length == len(committed) - 1
+        past_len = request.cache.length
+        next(steps)
+        assert request.cache.length == len(request.tokens) - 1
+    committed, cache = request.tokens, request.cache
     fresh = target.new_cache()
     chain = target.forward(torch.tensor(committed[:-1]), fresh, hidden_layers=(1,))
     # The last step's hidden rows are the root's and the accepted nodes', as a chain's would be.
-    torch.testing.assert_close(result.hidden[0], chain.hidden[0][past_len:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(request.hidden[0], chain.hidden[0][past_len:], atol=1e-5, rtol=1e-5)
     for got, want in zip(_kv(cache), _kv(fresh)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     last = torch.tensor(committed[-1:])
@@ -123,7 +128,7 @@ def test_cache_after_tree_steps_equals_cache_of_committed_tokens(target, tempera
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert a.argmax() == b.argmax()
     if temperature == 0:
-        assert accepted > 0  # the greedy branch planted by _random_paths was taken
+        assert request.stats.accepted > 0  # the greedy branch planted by _random_paths was taken
 
 
 def _random_paths(committed: list[int], target, seed: int) -> list[list[int]]:
@@ -138,13 +143,20 @@ def _random_paths(committed: list[int], target, seed: int) -> list[list[int]]:
 
 
 def test_empty_tree_is_one_decode_step(target):
+    """The engine's two halves around the forward (tree_feed, tree_finish) on a tree
+    with no nodes: the root's bonus token, as plain decoding would emit."""
     committed = _prompt()
     cache = _prefilled(target, committed)
     empty = TokenTree(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long))
-    greedy = SamplingParams(temperature=0.0)
-    result = tree_step(target, cache, committed, empty, greedy, torch.Generator())
+    feed = tree_feed(cache.length, committed, empty)
+    out = target.forward(feed.tokens, cache, positions=feed.layout.positions, mask=feed.layout.mask)
+    result = tree_finish(feed, out, cache, SamplingParams(temperature=0.0), torch.Generator())
     assert result.tokens == _greedy_reference(target, committed, 1) and result.bonus
     assert cache.length == len(committed)
+    request = tree_request(target, committed, SamplingParams(max_new_tokens=4),
+                           ScriptedTrees(lambda _: empty))
+    assert [step.tokens for step in run_alone(target, request)] == [
+        [t] for t in _greedy_reference(target, committed, 4)]
 
 
 def test_hf_compact_contract():
@@ -154,15 +166,15 @@ def test_hf_compact_contract():
     target.forward(tokens, cache)
     before = [t.clone() for t in _kv(cache)]
     keep = torch.tensor([6, 8, 9, 11])
-    cache.compact(keep=keep, start=5)
+    cache.compact(5, keep)
     assert cache.length == 9
     for got, old in zip(_kv(cache), before):
         torch.testing.assert_close(got, torch.cat([old[..., :5, :], old[..., keep, :]], dim=-2))
-    cache.compact(torch.tensor([3, 4]))  # start defaults to keep[0]: a plain truncation
+    cache.compact(3, torch.tensor([3, 4]))  # keeping a prefix is a plain truncation
     assert cache.length == 5
     for bad in (torch.tensor([2, 1]), torch.tensor([4, 5])):
         with pytest.raises(ValueError):
-            cache.compact(keep=bad, start=1)
+            cache.compact(1, bad)
 
 
 # -- greedy equality -----------------------------------------------------------
@@ -180,26 +192,30 @@ def test_greedy_tree_decoding_equals_plain_greedy():
     target = tiny_target(1)
     prompt, n = _prompt(seed=5), 40
     reference = _greedy_reference(target, prompt, n)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=n)
-    gen = torch.Generator().manual_seed(0)
     rng = torch.Generator().manual_seed(7)
-    committed = list(prompt)
-    cache = _prefilled(target, committed)
-    generated: list[int] = []
-    while len(generated) < n:
-        done = len(generated)
+    planted = []  # per step: how many of the tree's first path are the reference's tokens
+
+    def script(committed):
+        done = len(committed) - len(prompt)
         right = torch.randint(0, 4, (1,), generator=rng).item()  # correct prefix length
         paths = [reference[done:done + right] + _noise(rng, 2)] if right else []
         paths += [_noise(rng, 3, avoid=reference[done]) for _ in range(2)]
-        tree = TokenTree.from_paths(paths).trimmed(max_depth=n - done - 1)
-        result = tree_step(target, cache, committed, tree, greedy, gen)
-        expected_accepted = min(right, n - done - 1)
-        assert result.num_accepted >= expected_accepted
-        assert result.tokens == reference[done:done + len(result.tokens)]
-        committed += result.tokens
-        generated += result.tokens
-        assert cache.length == len(committed) - 1
-    assert generated[:n] == reference
+        planted.append(min(right, n - done - 1))
+        return TokenTree.from_paths(paths)
+
+    request = tree_request(target, prompt, SamplingParams(temperature=0.0, max_new_tokens=n),
+                           ScriptedTrees(script), seed=0)
+    generated: list[int] = []
+    for step in run_alone(target, request):
+        if len(planted) == len(request.stats.steps):
+            assert request.stats.steps[-1].accepted >= planted[-1]
+        else:  # no room for a draft: the last token, as plain decoding emits it
+            assert len(generated) == n - 1 and request.stats.steps[-1].k == 0
+            planted.append(0)
+        assert step.tokens == reference[len(generated):len(generated) + len(step.tokens)]
+        generated += step.tokens
+        assert request.cache.length == len(request.tokens) - 1
+    assert generated == reference
 
 
 def _noise(rng: torch.Generator, length: int, avoid: int | None = None) -> list[int]:

@@ -7,9 +7,9 @@ import pytest
 
 from conftest import tiny_engine
 from verispec import SamplingParams, SpecConfig
-from verispec.bench.economics import CostModel
 from verispec.config import DEFAULT_SPEC
-from verispec.policy import AdaptiveK, StepObservation, expected_tokens_per_pass
+from verispec.economics import CostModel, expected_tokens_per_pass
+from verispec.policy import AdaptiveK, StepObservation
 from verispec.proposers.base import DraftContext
 from verispec.proposers.ngram import NgramProposer
 from verispec.tree_policy import AdaptiveTree, TreePlan
@@ -131,7 +131,8 @@ def test_step_budget_reaches_the_proposer():
 
 def test_config_and_cli_spellings():
     from verispec.bench.runner import proposer_spec
-    from verispec.cli import build_parser, spec_from
+    from verispec.cli import build_parser
+    from verispec.cli_args import spec_from
 
     with pytest.raises(ValueError, match="tree_auto"):
         SpecConfig("ngram", tree=16, tree_auto=True)

@@ -16,6 +16,7 @@ from .models.llama import NativeLlama
 from .models.loading import DEFAULT_MODEL, load_target
 from .proposers.base import ProposerSetup
 from .sampling import make_generator
+from .spec_text import parse_quant_source
 from .stopping import Stopper, held_back, trim_at_stop
 
 
@@ -124,8 +125,6 @@ class Engine:
         if source in self._drafts:
             return self._drafts[source]
         if source.startswith("quant:"):
-            from .models.quant_draft import parse_quant_source
-
             fmt, layers = parse_quant_source(source)
             if not hasattr(self.target, "quantized_draft"):
                 raise ValueError(f"{self.target.name} cannot make a quantized self-draft "

@@ -2,7 +2,7 @@
 so a bad value fails with a ValueError before any model work starts."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 TREE_SHAPES = ("dynamic", "topb")  # shapes of model-drafted trees (verispec.proposers.tree_drafting)
 
@@ -56,7 +56,6 @@ class SpecConfig:
     head_vocab: int = 8192  # heads draft over at most this many tokens: the lowest ids of the
     # head's draft vocabulary (BPE numbers tokens in merge order, frequent first); 0 = all
     lossy_typical: bool = False  # sampled runs: Medusa typical acceptance, LOSSY (Cai et al. 2024)
-    extra: dict = field(default_factory=dict, compare=False)  # proposer-specific options
 
     def __post_init__(self) -> None:
         if self.k < 0:
@@ -85,7 +84,7 @@ class SpecConfig:
 
 # What runs when no SpecConfig is given (Engine.generate/stream and `verispec generate`;
 # `verispec serve` defaults to the same): n-gram lookup with k chosen per step, up to 8.
-# In the replay of docs/benchmarks.md section 8 (round 6) it came within 5% of the best
-# static k on all six workloads at this machine's verification cost, and fixed k = 4 (the
-# earlier default) reached 0.89-1.02x of it. A SpecConfig built by hand keeps k = 4, fixed.
+# Why: no fixed k is best on every workload, and adaptive k keyed on n-gram lookup's match
+# length stays close to the best one on each (docs/benchmarks.md, the clock-free replay).
+# A SpecConfig built by hand keeps k = 4, fixed.
 DEFAULT_SPEC = SpecConfig(proposer="ngram", k=8, adaptive=True)

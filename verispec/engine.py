@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .config import SamplingParams, SpecConfig
-from .bench.economics import load_profile
+from .economics import load_profile
 from .metrics import Stats, StepRecord
 from .policy import AdaptiveK, StepObservation
 from .models.base import BatchItem, ForwardOutput, TargetModel
@@ -34,7 +34,8 @@ from .proposers.base import DraftContext, HeldRows, Proposal, Proposer
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
 from .stopping import Stopper
-from .tree import ROOT, TreeFeed, tree_feed, tree_finish
+from .token_tree import ROOT
+from .tree import TreeFeed, tree_feed, tree_finish
 from .tree_policy import AdaptiveTree
 
 

@@ -38,28 +38,25 @@ k = 0 produces no acceptance evidence, so it must not be absorbing. Two ways out
 
 Evidence. `choose(max_k, evidence)` prices k from the acceptance of earlier
 drafts made with the same evidence. For n-gram lookup the matched suffix
-length splits steps sharply (proposers/ngram.py, MATCH_PRIOR): on greedy target
-responses to the head-training prompts a 1-token match had its first draft
-accepted 20% of the time and a 4-token match 91%, deeper drafts then 55-96%. One pooled estimate averages a
+length splits steps sharply (proposers/ngram.py, MATCH_PRIOR): a long match is
+accepted several times as often as a 1-token one. One pooled estimate averages a
 copy burst with the free writing around it and picks a middling k for both;
 per evidence, the controller drafts long inside the burst and little outside
 it, which no static k can do. A new key starts from the proposer's prior for
 it (`Evidence.prior_alpha`), because a request is too short to learn five
-estimates from scratch: a 128-token summary has ~70 steps, and with a neutral
-prior the 4-token-match estimate was still drafting 1 token on copies late in
-one. Every outcome also feeds the pooled estimate, which is what `alphas`
+estimates from scratch: with a neutral prior the long-match estimate was still
+drafting 1 token on copies late in a summary. Every outcome also feeds the pooled estimate, which is what `alphas`
 returns (a batch scheduler reads it).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from .acceptance import DepthAcceptance, Evidence
-from .bench.economics import CostModel
+from .economics import Choice, CostModel, best_draft
 
 
 @dataclass(frozen=True)
@@ -89,60 +86,6 @@ class StepObservation:
     @property
     def positions(self) -> int:
         return self.fed_positions if self.fed_positions is not None else self.drafted + 1
-
-
-@dataclass(frozen=True)
-class Choice:
-    k: int
-    tokens_per_pass: float  # E(k)
-    seconds_per_pass: float  # in seconds once timed, else in units of T(1)
-
-    @property
-    def rate(self) -> float:
-        return self.tokens_per_pass / self.seconds_per_pass
-
-
-@dataclass(frozen=True)
-class NodeBudget:
-    nodes: int  # draft tokens to verify in one target pass
-    tokens_per_pass: float
-    speedup: float  # over plain decoding, in the cost model's units
-
-
-def expected_tokens_per_pass(alphas: Sequence[float], k: int) -> float:
-    """E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i: Leviathan et al. 2023, eq. 1,
-    with depth-dependent acceptance. Equals economics.expected_tokens(alpha, k)
-    when every alpha_i == alpha. Depths beyond len(alphas) reuse the last one."""
-    return 1.0 + float(np.cumprod(_depths(alphas, k)).sum()) if k > 0 else 1.0
-
-
-def _depths(alphas: Sequence[float], k: int) -> np.ndarray:
-    a = np.asarray(alphas, dtype=float)
-    return np.concatenate([a[:k], np.full(max(0, k - a.size), a[-1])])
-
-
-def _best(alphas: np.ndarray, seconds: np.ndarray) -> Choice:
-    """Argmax of E(k) / seconds[k] over k = 0..len(alphas); ties (within float
-    noise) go to the shorter draft, which wastes less if alpha is overestimated."""
-    tokens = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alphas))])
-    rate = tokens / seconds
-    k = int(np.flatnonzero(rate >= rate.max() * (1.0 - 1e-12))[0])
-    return Choice(k, float(tokens[k]), float(seconds[k]))
-
-
-def best_node_budget(alphas: Sequence[float], cost: CostModel, max_nodes: int) -> NodeBudget:
-    """First cut of the tree-budget hook: the node count that maximises tokens
-    per unit time for a chain-shaped tree with per-depth acceptance `alphas`.
-
-    The chain is one shape a tree of that many nodes can take, so its yield is
-    a lower bound on the best tree's; a tree scheduler can start from this
-    budget and spend it on siblings where alpha_i is low.
-    """
-    if max_nodes < 0 or not len(alphas):
-        raise ValueError("need max_nodes >= 0 and at least one alpha")
-    seconds = np.array([cost.pass_cost(k) for k in range(max_nodes + 1)])
-    best = _best(_depths(alphas, max_nodes), seconds)
-    return NodeBudget(best.k, best.tokens_per_pass, best.rate)
 
 
 class AdaptiveK:
@@ -250,7 +193,7 @@ class AdaptiveK:
     def best(self, max_k: int, evidence: Evidence | None = None) -> Choice:
         """The rate-maximising k in 0..min(max_k, max_depth), without exploration."""
         k_max = max(0, min(max_k, self.max_depth))
-        return _best(self.evidence_alphas(evidence)[:k_max], self.step_seconds(k_max))
+        return best_draft(self.evidence_alphas(evidence)[:k_max], self.step_seconds(k_max))
 
     def choose(self, max_k: int, evidence: Evidence | None = None) -> int:
         """Draft length for the next step, at most max_k (the engine's room
@@ -315,12 +258,6 @@ class AdaptiveK:
         self._accept(drafted, matched)
         if drafted > 0:
             self._idle = 0
-
-    def node_budget(self, max_nodes: int) -> NodeBudget:
-        """`best_node_budget` on this request's estimates and measured costs."""
-        best = self.best(max_nodes)
-        plain = self.step_seconds(0)[0]
-        return NodeBudget(best.k, best.tokens_per_pass, best.rate * plain)
 
     def _time(self, obs: StepObservation) -> None:
         n = obs.positions

@@ -20,7 +20,7 @@ import torch
 from .sampling import greedy_tokens, sample
 
 if TYPE_CHECKING:
-    from .tree import TokenTree
+    from .token_tree import TokenTree
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .economics import tokens_per_pass
 from .policy import AdaptiveK, StepObservation
 
 BUDGETS = (4, 8, 16, 32, 64)  # candidate node budgets, cut at the request's cap
@@ -72,9 +73,9 @@ class AdaptiveTree:
             depth = min(max_k, nodes, self.chain.max_depth)
             if depth < 1:
                 continue
-            gained = np.cumsum(np.cumprod(self.tree_alphas(nodes)[:depth]))  # E(d) - 1, d >= 1
+            tokens = tokens_per_pass(self.tree_alphas(nodes)[:depth])[1:]  # E(d), d >= 1
             seconds = self.chain.verify_seconds(nodes + 1) + draft * np.arange(1, depth + 1)
-            rates = (1.0 + gained) / seconds
+            rates = tokens / seconds
             d = int(np.argmax(rates))
             if rates[d] > best.rate * (1.0 + 1e-9):
                 best = TreePlan(d + 1, nodes, float(rates[d]))

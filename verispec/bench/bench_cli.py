@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cli_args import add_model_args, engine_from
 from ..config import SamplingParams
 from . import plots, report
 from .peers import needs_hf, parse_peers
@@ -21,6 +22,7 @@ _BENCH_EPILOG = """\
 examples:
   verispec bench --workload chat,summarize --proposer none,ngram --peers hf-plain,hf-pld --limit 2
   verispec bench --workload all --proposer none,ngram,self:8 --k 4 --max-new-tokens 128
+  verispec bench --workload my_prompts.jsonl --proposer none,ngram,auto+tree=auto
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
   verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
 
@@ -169,14 +171,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_bench_serving(args)
     plan = plan_from_args(args)
     out_dir = _make_dir(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"), "--out")
-    from ..api import Engine
-
-    engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                    batch_invariant=args.batch_invariant,
-                    weights=getattr(args, "weights", "auto"))
+    engine = engine_from(args)
     peer_engine = None
     if engine.backend != "hf" and needs_hf(plan.configs):
-        peer_engine = Engine(args.model, dtype=args.dtype, device=args.device, backend="hf")
+        peer_engine = engine_from(args, backend="hf")
     outcome = execute(engine, plan, out_dir, progress=not args.no_progress,
                       peer_engine=peer_engine)
     print(outcome.markdown, end="")
@@ -215,12 +213,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for path, flag in ((args.out, "--out"), (args.plot, "--plot")):
         if path is not None:
             _make_dir(Path(path).parent, flag)
-    from ..api import Engine
     from .profile import format_profile
 
-    engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                    batch_invariant=args.batch_invariant,
-                    weights=getattr(args, "weights", "auto"))
+    engine = engine_from(args)
     result, out, figure = run_profile(engine, args.context, args.max_n, args.repeats,
                                       args.draft, args.out, args.plot)
     print(format_profile(result, f"verispec profile: {engine.target.name} "
@@ -230,8 +225,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli import add_model_args
-
     fmt = argparse.RawDescriptionHelpFormatter
     bench = subparsers.add_parser(
         "bench", help="benchmark proposers against plain decoding and transformers on real prompts",
@@ -240,7 +233,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                     "greedy-equality check; writes results.json, report.md and plots.",
         epilog=_BENCH_EPILOG, formatter_class=fmt)
     bench.add_argument("--workload", default="all",
-                       help=f"comma list of {', '.join(WORKLOADS)}, or all (default all)")
+                       help=f"comma list of {', '.join(WORKLOADS)}, all (default), or FILE.jsonl: "
+                            "your own prompts, one JSON object a line with \"prompt\" (text) or "
+                            "\"messages\" (a chat), and optionally \"id\"")
     bench.add_argument("--proposer", default="none,ngram",
                        help="comma list: none, ngram, self:L, draft, or a registered name, "
                             "each with optional +tree=N (token tree), +tree=auto (tree budget "

@@ -8,7 +8,7 @@ import json
 import math
 import sys
 
-from verispec.bench.economics import CostModel, ceiling, expected_speedup, expected_tokens, load_profile, optimal_k
+from verispec.economics import CostModel, ceiling, expected_speedup, expected_tokens, load_profile, optimal_k
 from verispec.bench.simulate import spread_by_rounds, simulate
 
 _DEFAULT_OVERHEAD = 0.1

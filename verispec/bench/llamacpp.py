@@ -21,6 +21,7 @@ import torch
 
 from ..config import SamplingParams
 from ..lossless import Comparison, first_divergence
+from .runner import PeerOutput
 
 LLAMACPP_PEERS = ("llamacpp-plain", "llamacpp-pld")
 PLAIN = "llamacpp-plain"
@@ -114,8 +115,6 @@ class LlamaCppPeers:
                 "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0}
 
     def run(self, config, ids: list[int], sampling: SamplingParams):
-        from .peers import PeerOutput
-
         llm = self.model(config.peer, len(ids) + sampling.max_new_tokens + config.k + 1)
         if llm.draft_model is not None:
             llm.draft_model.num_pred_tokens = config.k

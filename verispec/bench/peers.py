@@ -22,7 +22,7 @@ from ..config import SamplingParams
 from ..lossless import Comparison
 from ..models.loading import DEFAULT_MODEL
 from . import llamacpp
-from .runner import PEER, BenchConfig
+from .runner import PEER, BenchConfig, PeerOutput
 
 PEERS: dict[str, str] = {
     "hf-plain": "transformers generate, greedy",
@@ -39,13 +39,6 @@ _PLAIN_PEERS = ("hf-plain", "llamacpp-plain")
 class PeerSelection:
     configs: list[BenchConfig]
     notes: list[str]  # why a requested peer was left out
-
-
-@dataclass
-class PeerOutput:
-    token_ids: list[int]
-    seconds: float
-    finish_reason: str
 
 
 def parse_peers(text: str, k: int, draft: str | None) -> PeerSelection:

@@ -1,14 +1,15 @@
 """Exercise 3 without the clock: n-gram lookup at every static k and with adaptive k,
 replayed on the target's own greedy outputs under a linear verification cost.
 
-Why. On a shared 2-core machine the same (prompt, config) ran 30% apart between
-repeats, so a measured "within 5% of the best static k" is unprovable by timing.
+Why. On a shared 2-core machine the same (prompt, config) runs further apart
+between repeats than the differences between good draft lengths, so "close to
+the best static k" is unprovable by timing.
 Greedy decoding removes every other source of noise: the target's output is
 fixed, an n-gram draft is a function of the committed context, and its accepted
 prefix is its match with that output (exactly what greedy verification keeps).
 What remains is time, which this module models as T(n) = T(1) * (1 + c * (n - 1))
-for a forward over n positions, with c measured on the machine (the bench's
-verify times put c at 0.025-0.065 in bf16 here, the higher on long documents).
+for a forward over n positions, with c measured on the machine (`verispec
+profile`; the values the bench measured are in docs/notebook/rounds.md, round 6).
 
 The adaptive replay runs the real controller (`AdaptiveK` with the proposer's
 evidence and shadow guesses, as `SpecRequest` drives it) and feeds it the
@@ -25,7 +26,7 @@ import argparse
 import statistics
 from dataclasses import dataclass
 
-from ..bench.economics import CostModel
+from ..economics import CostModel
 from ..policy import AdaptiveK, StepObservation
 from ..proposers.ngram import NgramIndex, match_evidence
 

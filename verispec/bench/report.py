@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .economics import expected_tokens
+from ..economics import expected_tokens
 from .runner import PEER, BenchConfig, RunRecord
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from ..config import SamplingParams, SpecConfig
 from ..engine import validate_prompt
 from ..lossless import compare_greedy
+from ..spec_text import parse_token
 from .workloads import Prompt
 
 VERISPEC = "verispec"
@@ -32,8 +33,8 @@ _WARMUP_TOKENS = 8
 class BenchConfig:
     """One column of the benchmark: a verispec SpecConfig or a named peer.
 
-    New proposers (EAGLE, Medusa, adaptive k) need no change here: they are a
-    registry name inside a SpecConfig, and `extra` carries their options.
+    A new proposer needs no change here: it is a registry name inside a
+    SpecConfig, and its options are SpecConfig fields (verispec.spec_text).
     """
     label: str  # unique within a run; the report's row name
     kind: str  # VERISPEC or PEER
@@ -53,6 +54,14 @@ class BenchConfig:
     @property
     def speculative(self) -> bool:
         return self.kind == VERISPEC and not self.is_plain
+
+
+@dataclass
+class PeerOutput:
+    """What a peer's run returns (verispec.bench.peers, verispec.bench.llamacpp)."""
+    token_ids: list[int]
+    seconds: float
+    finish_reason: str
 
 
 @dataclass(frozen=True)
@@ -142,55 +151,11 @@ def parse_k_list(text: str) -> list[int]:
     return sorted(values)
 
 
-HEAD_PROPOSERS = ("eagle", "medusa")  # the proposers that read a head directory
-
-
 def proposer_spec(token: str, k: int, draft: str | None) -> SpecConfig:
-    """The SpecConfig a command-line proposer token stands for: a name
-    (none, ngram, self:L, draft, ...) with optional modifiers `+tree=N` (a token
-    tree of N nodes), `+tree=k` (a tree of as many nodes as k, depth <= k: tree
-    against chain at equal nodes in a k sweep), `+tree=auto` (node budget and
-    depth chosen per step, up to 32 nodes), `+auto` (adaptive k, capped at k) and, for
-    the trained heads, `+head=DIR` (that head instead of the shipped one, so two heads
-    run side by side: eagle,eagle+head=runs/new)."""
-    name, *modifiers = token.split("+")
-    spec = _base_spec(name, k, draft)
-    for modifier in modifiers:
-        if modifier == "auto":
-            spec = replace(spec, adaptive=True)
-        elif modifier == "tree=auto":
-            spec = replace(spec, adaptive=True, tree=32, tree_auto=True)
-        elif modifier == "tree=k":
-            spec = replace(spec, tree=k)  # as many nodes as the chain at this k drafts
-        elif modifier.startswith("tree=") and modifier[5:].isdigit():
-            spec = replace(spec, tree=int(modifier[5:]))
-        elif modifier.startswith("head=") and modifier[5:]:
-            if name not in HEAD_PROPOSERS:
-                raise ValueError(f"proposer {token!r}: +head= needs a trained-head proposer "
-                                 f"({', '.join(HEAD_PROPOSERS)})")
-            spec = replace(spec, head=modifier[5:])
-        else:
-            raise ValueError(f"proposer {token!r}: unknown modifier {modifier!r}; "
-                             "use +auto, +tree=N, +tree=k, +tree=auto or +head=DIR")
-    return spec
-
-
-def _base_spec(token: str, k: int, draft: str | None) -> SpecConfig:
-    from .. import proposers
-
-    if token == "none":
-        return SpecConfig(proposer="none", k=0)
-    if token.startswith("self:"):
-        layers = token.split(":", 1)[1]
-        if not layers.isdigit() or int(layers) < 1:
-            raise ValueError(f"proposer {token!r}: self:L needs a whole number of layers >= 1")
-        return SpecConfig(proposer="draft", k=k, draft=token)
-    if token not in proposers.available():
-        raise ValueError(f"unknown proposer {token!r}; choose from none, self:L, "
-                         f"{', '.join(p for p in proposers.available() if p != 'none')}")
-    if token == "draft" and not draft:
-        raise ValueError("proposer 'draft' needs --draft PATH (or use self:L)")
-    return SpecConfig(proposer=token, k=k, draft=draft)
+    """The SpecConfig a bench proposer token stands for (`verispec.spec_text.parse_token`):
+    `ngram+tree=16`, `self:4+auto`, `eagle+head=runs/new` (two heads side by side), at
+    the bench's k (the cap of `+auto`) and its --draft."""
+    return parse_token(token, {"k": k, "draft": draft})
 
 
 def verispec_configs(text: str, k: int, draft: str | None,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verispec.bench.economics import (
+from verispec.economics import (
     CostModel,
     _check_alpha,
     _check_k,

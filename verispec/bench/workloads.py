@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 WORKLOADS: tuple[str, ...] = ("summarize", "code-edit", "humaneval", "creative", "chat", "mixed")
 _ROLES = frozenset({"system", "user", "assistant"})
@@ -25,16 +26,34 @@ class Prompt:
     source: str
 
 
+def is_user_file(name: str) -> bool:
+    """A workload named by a path to the user's own prompts (`FILE.jsonl`)."""
+    return name.endswith(".jsonl")
+
+
 def _check_name(name: str) -> None:
-    if name not in WORKLOADS:
-        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)} or 'all'")
+    if is_user_file(name):
+        if not Path(name).is_file():
+            raise ValueError(f"workload file not found: {name}")
+    elif name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}, "
+                         "'all' or a FILE.jsonl of your own prompts")
 
 
-def _parse_line(line: str, where: str, name: str) -> Prompt:
+def _parse_line(line: str, where: str, name: str, own: bool = False) -> Prompt:
+    """`own`: a line of the user's file, where `prompt` (one user message) may stand
+    for `messages`, and `id` (default: the line number) and `workload` are optional."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: each line must be a JSON object")
+    if own:
+        if isinstance(record.get("prompt"), str) and "messages" not in record:
+            record["messages"] = [{"role": "user", "content": record["prompt"]}]
+        record.setdefault("id", f"{name}:{where.rsplit(':', 1)[-1]}")
+        record["workload"] = name  # the file is the workload
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"{where}: 'messages' must be a non-empty list")
@@ -63,13 +82,18 @@ def load_workload(name: str, limit: int | None = None) -> list[Prompt]:
     _check_name(name)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    resource = resources.files(__package__).joinpath("workloads", f"{name}.jsonl")
+    own = is_user_file(name)
+    if own:
+        resource, label = Path(name), Path(name).stem
+    else:
+        resource, label = resources.files(__package__).joinpath("workloads", f"{name}.jsonl"), name
     prompts: list[Prompt] = []
     with resource.open("r", encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            prompts.append(_parse_line(line, f"{name}.jsonl:{number}", name))
+            where = f"{name}:{number}" if own else f"{name}.jsonl:{number}"
+            prompts.append(_parse_line(line, where, label, own))
             if limit is not None and len(prompts) == limit:
                 break
     return prompts

@@ -40,7 +40,7 @@ def cpu_flags() -> set[str]:
 
 
 def _build_dir() -> Path:
-    from ..models.loading import cache_root
+    from ..paths import cache_root
 
     path = cache_root() / "kernels"
     path.mkdir(parents=True, exist_ok=True)

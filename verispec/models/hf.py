@@ -30,14 +30,12 @@ class HFCache:
             self.kv.crop(-extra)
 
     @torch.inference_mode()
-    def compact(self, keep: torch.Tensor, start: int | None = None) -> None:
+    def compact(self, start: int, keep: torch.Tensor) -> None:
         """Keep positions [0, start) and then the positions in `keep`, in order.
 
         `keep` holds absolute positions, strictly increasing, all in [start,
-        length); start defaults to keep[0]. Afterwards position start + j holds
-        what keep[j] held and length == start + len(keep): the contract of
-        StaticKVCache.compact(start, keep), whose arguments come in the other
-        order, so callers serving both pass them by keyword.
+        length). Afterwards position start + j holds what keep[j] held and
+        length == start + len(keep): the contract of StaticKVCache.compact.
 
         Tree verification calls this once a path is accepted: the path's nodes
         were forwarded at RoPE positions start + depth, so the compacted cache
@@ -46,8 +44,6 @@ class HFCache:
         keep = keep.flatten().to(torch.long)
         length = self.length
         count = keep.numel()
-        if start is None:
-            start = int(keep[0]) if count else length
         if not 0 <= start <= length:
             raise ValueError(f"compact start {start} outside the cached range [0, {length}]")
         if count:

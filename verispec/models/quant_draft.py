@@ -20,21 +20,6 @@ import torch
 from .. import kernels
 from .llama_weights import LayerWeights, Linear, ModelWeights
 
-DRAFT_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # the gguf package can quantize these
-
-
-def parse_quant_source(source: str) -> tuple[str, int | None]:
-    """`quant:FMT` or `quant:FMT:L` -> (FMT, L or None)."""
-    parts = source.split(":")
-    if len(parts) not in (2, 3) or parts[0] != "quant":
-        raise ValueError(f"a quantized self-draft is quant:FORMAT or quant:FORMAT:L, got {source!r}")
-    fmt = parts[1].upper()
-    if fmt not in DRAFT_FORMATS:
-        raise ValueError(f"quant:FORMAT takes one of {', '.join(DRAFT_FORMATS)}, got {parts[1]!r}")
-    if len(parts) == 3 and not parts[2].isdigit():
-        raise ValueError(f"quant:{fmt}:L needs a whole number of layers, got {parts[2]!r}")
-    return fmt, int(parts[2]) if len(parts) == 3 else None
-
 
 class _DenseSource:
     """float32 matrices by transformers name, from a safetensors folder or a GGUF file."""

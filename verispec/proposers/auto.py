@@ -20,23 +20,22 @@ E[tokens per pass] / (draft time + verify time), from:
 A costly candidate that is not probed is not called at all: the target's
 hidden rows it would read wait in its `HeldRows` and reach it in one call
 before its next probe. An EAGLE head then runs one step
-over many rows instead of one small step per target pass, which is what kept
-it scored for ~15% of the time on the `mixed` workload before.
+over many rows instead of one small step per target pass, which is what made
+keeping it scored costly before.
 
 Alpha is kept per evidence key as well as pooled. A free candidate that knows
 how good its guess will be before drafting (n-gram lookup: its matched suffix
 length, `Proposer.evidence`) names the situation of every step, and each
 candidate's outcomes are counted under that key too. On held-out target text
 the key separates the candidates cleanly (`python -m verispec.training.evaluate
---by-key`, docs/heads.md): after a 0- or 1-token match the shipped EAGLE head's
-5-token chains gave 1.46-1.81 tokens per pass and n-gram lookup's 1.00-1.47;
-after a longer match n-gram lookup gave 2.23-5.10 and the head 1.29-1.96. So
-within one answer `auto` copies with n-gram lookup and writes freely with the
+--by-key`, docs/heads.md): after a short match the shipped EAGLE head's chains
+commit more tokens per pass than n-gram lookup's, after a longer match n-gram
+lookup commits more. So within one answer `auto` copies with n-gram lookup and writes freely with the
 head, step by step, instead of backing one candidate for the whole request.
 `auto` passes the same evidence on to the engine's adaptive k.
 
 Expected tokens per pass for k drafts at per-token acceptance alpha is
-(1 - alpha^(k+1)) / (1 - alpha) (Leviathan et al. 2023). Scoring by matching
+`economics.chain_tokens` (Leviathan et al. 2023). Scoring by matching
 the committed tokens is exact for greedy decoding and a fair estimate when
 sampling. Outputs never depend on the choice: every candidate's proposal goes
 through the same lossless verification.
@@ -44,13 +43,16 @@ through the same lossless verification.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 
 from ..acceptance import Evidence
+from ..economics import chain_tokens
 from .base import DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, build, register
 
 CANDIDATES = ("ngram", "eagle", "medusa", "draft")  # each where it can be built
+log = logging.getLogger(__name__)
 
 
 KEY_PRIOR_STRENGTH = 2.0  # pseudo-outcomes a new key's counts start from, decayed like real ones
@@ -83,7 +85,8 @@ class Track:
     pooled: Tally = field(default_factory=Tally)  # every outcome (prior: alpha 0.5 until data)
     by_key: dict[int, Tally] = field(default_factory=dict)  # outcomes under each evidence key
     draft_seconds: float = 0.0  # per drafted token, running mean
-    pending: list[int] = field(default_factory=list)  # its last guess, awaiting the verdict
+    pending: list[list[int]] = field(default_factory=list)  # its last guess as root-to-leaf
+    # paths (one for a chain), awaiting the verdict
     pending_key: int | None = None  # the evidence key the guess was made under
     chosen_steps: int = 0
     interval: int = 8  # steps between probes while not chosen
@@ -104,12 +107,6 @@ class Track:
             return self.alpha
         tally = self.by_key.get(evidence.key)
         return self.prior(evidence, own) if tally is None else tally.alpha
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 class AutoProposer(Proposer):
@@ -210,7 +207,7 @@ class AutoProposer(Proposer):
                 track.draft_seconds = _mean(track.draft_seconds,
                                             (time.perf_counter() - start) / len(proposal),
                                             track.chosen_steps + 1)
-            track.pending = proposal.tokens.tolist()
+            track.pending = _paths(proposal)
             track.pending_key = key
             if evidence is not None and key not in track.by_key:
                 track.by_key[key] = Tally.seeded(track.prior(evidence, name == self._evidence_from))
@@ -224,12 +221,12 @@ class AutoProposer(Proposer):
     def _best_length(self, alpha: float, track: Track, k: int) -> tuple[int, float]:
         """The draft length <= k with the highest expected goodput for a candidate,
         and that goodput. The engine's k is a cap: it prices one draft cost for
-        the request, while a head's draft token costs ~10% of a target pass here
+        the request, while a head's draft token costs a fraction of a target pass
         (one head step each). A free candidate's cost is per call, not per token,
         so it drafts the whole cap."""
         verify, per_token = self._verify_seconds, track.draft_seconds
         lengths = [k] if track.proposer.free else range(1, k + 1)
-        rates = [(expected_tokens(alpha, n) / max(verify + n * per_token, 1e-6), n)
+        rates = [(chain_tokens(alpha, n) / max(verify + n * per_token, 1e-6), n)
                  for n in lengths]
         rate, n = max(rates)
         return n, rate
@@ -242,17 +239,32 @@ class AutoProposer(Proposer):
             for track in self.tracks.values():
                 if not track.pending or not new:
                     continue
-                matched = 0
-                for guess, actual in zip(track.pending, new):
-                    if guess != actual:
-                        break
-                    matched += 1
-                missed = matched < len(track.pending)
+                # What verification keeps of a tree: the longest path prefix that
+                # matches; it missed unless that path was matched to its end.
+                reach = [(_matched(path, new), len(path)) for path in track.pending]
+                matched = max(m for m, _ in reach)
+                missed = not any(m == matched == n for m, n in reach)
                 track.pooled.add(matched, missed, self.decay)
                 if track.pending_key in track.by_key:
                     track.by_key[track.pending_key].add(matched, missed, self.decay)
                 track.pending = []
         self._seen = len(tokens)
+
+
+def _paths(proposal: Proposal) -> list[list[int]]:
+    if proposal.tree is None:
+        return [proposal.tokens.tolist()] if len(proposal) else []
+    tree = proposal.tree
+    return [[tree.token_list[i] for i in path] for path in tree.paths()]
+
+
+def _matched(guess: list[int], actual: list[int]) -> int:
+    matched = 0
+    for g, a in zip(guess, actual):
+        if g != a:
+            break
+        matched += 1
+    return matched
 
 
 def _mean(old: float, value: float, count: int) -> float:
@@ -263,15 +275,27 @@ def _mean(old: float, value: float, count: int) -> float:
     return (1 - weight) * old + weight * value
 
 
+_said: set[tuple[str, str]] = set()  # (candidate, reason) already logged in this process
+
+
 @register("auto")
 def _build(setup: ProposerSetup) -> Proposer:
+    """Every candidate that can be built for this target, each with the request's
+    tree settings (a candidate drafts a tree where the request asks for one)."""
     candidates: dict[str, Proposer] = {}
     for name in CANDIDATES:
+        if name == "draft" and not setup.spec.draft:
+            continue  # no draft model named: not a candidate, nothing to report
         try:
-            spec = dataclasses.replace(setup.spec, proposer=name, tree=0)
+            spec = dataclasses.replace(setup.spec, proposer=name)
             candidates[name] = build(dataclasses.replace(setup, spec=spec))
-        except ValueError:
-            # No head trained for this target, or no draft model named: the
-            # candidate is simply absent.
-            continue
+        except ValueError as exc:
+            # No head trained for this target, say: the candidate is absent, and the
+            # log says why (once per reason, since a server builds one per request).
+            level = logging.DEBUG if (name, str(exc)) in _said else logging.WARNING
+            _said.add((name, str(exc)))
+            log.log(level, "auto: candidate %s skipped: %s", name, exc)
+    if not candidates:
+        raise ValueError("auto: no candidate proposer could be built for this target "
+                         "(see the log for each candidate's reason)")
     return AutoProposer(candidates)

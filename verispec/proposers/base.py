@@ -15,7 +15,7 @@ import torch
 from ..acceptance import Evidence
 
 if TYPE_CHECKING:
-    from ..tree import TokenTree
+    from ..token_tree import TokenTree
     from ..config import SamplingParams, SpecConfig
     from ..models.base import TargetModel
 

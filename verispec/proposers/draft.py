@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..sampling import greedy_tokens, logits_to_probs, sample
-from ..tree import ROOT, TokenTree
+from ..token_tree import ROOT, TokenTree
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
 

@@ -26,7 +26,7 @@ import torch
 from ..heads.eagle import HeadCache
 from ..heads.runtime import LoadedHead, load_head
 from ..sampling import logits_to_probs, sample
-from ..tree import ROOT, TokenTree
+from ..token_tree import ROOT, TokenTree
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
 

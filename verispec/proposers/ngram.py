@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import TokenTree
+from ..token_tree import TokenTree
 from ..acceptance import Evidence
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 
 
-# First-draft acceptance by matched suffix length 0, 1, 2, 3, 4+: the share of 81k
-# positions of 600 greedy target responses to `verispec train-head`'s prompts (not
-# the bench's) where the proposal's first token was the target's next one (0.20,
-# 0.51, 0.67, 0.91; deeper drafts were then accepted 55-96% of the time). Priors
-# only: each request's own outcomes take over within a few steps.
+# First-draft acceptance by matched suffix length 0, 1, 2, 3, 4+, rounded from how
+# often the proposal's first token was the target's next one on greedy target
+# responses to `verispec train-head`'s prompts, not the bench's (the measurement:
+# docs/notebook/redesign.md). Priors only: each request's own outcomes take over
+# within a few steps.
 MATCH_PRIOR = (0.0, 0.2, 0.5, 0.65, 0.9)
 
 

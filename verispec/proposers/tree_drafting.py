@@ -28,7 +28,8 @@ import torch
 
 from ..config import SamplingParams, SpecConfig
 from ..sampling import logits_to_probs
-from ..tree import ROOT, TokenTree, TreeAttention, tree_attention
+from ..token_tree import ROOT, TokenTree
+from ..tree import TreeAttention, tree_attention
 from .base import DraftContext, Proposal
 
 

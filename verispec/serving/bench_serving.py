@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cli_args import engine_from
 from .load import LoadConfig, format_row, run_load
 
 
@@ -155,15 +156,12 @@ def cmd_bench_serving(args: argparse.Namespace) -> int:
         results = run(args.server, levels, mode_list, args)
         env = {"server": args.server}
     else:
-        from ..api import Engine
         from ..bench.runner import environment
         from .protocol import ServeDefaults
         from .scheduler import SchedulerConfig
         from .server import ServerConfig, ServerThread, create_app
 
-        engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                        batch_invariant=args.batch_invariant,
-                    weights=getattr(args, "weights", "auto"))
+        engine = engine_from(args)
         config = ServerConfig(("bench",), ServeDefaults(proposer=proposer, k=max(args.k, 8)),
                               SchedulerConfig(max_num_seqs=max(levels), max_queue=4 * max(levels)))
         with ServerThread(create_app(engine, config)) as server:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 
-from .protocol import MAX_K, ServeDefaults, resolve_proposer
+from ..cli_args import add_model_args, engine_from, proposer_arg
+from ..spec_text import draft_source, parse_spec
+from .protocol import MAX_K, ServeDefaults
 
 _EPILOG = """\
 examples:
@@ -24,30 +26,22 @@ A request may override speculation with an extra field, e.g.
 
 
 def serve_defaults(args: argparse.Namespace) -> ServeDefaults:
-    from .. import proposers
-
-    proposer = resolve_proposer(args.proposer)
-    if proposer not in proposers.available():
-        raise ValueError(f"--proposer: unknown proposer {args.proposer!r}; choose auto or one of "
-                         f"{', '.join(proposers.available())}")
+    """The server's speculation defaults, checked by the one parser of speculation
+    text (`verispec.spec_text`) before the model loads."""
+    spec = parse_spec(proposer=args.proposer, k=args.k, k_max=args.k_max, tree=args.tree,
+                      draft=args.draft, profile=args.profile)
     adaptive = str(args.k) == "auto"
-    try:
-        k = args.k_max if adaptive else int(args.k)
-    except ValueError:
-        raise ValueError(f"--k takes a whole number or auto, got {args.k!r}") from None
+    k = args.k_max if adaptive else int(args.k)
     if not 0 <= k <= MAX_K:
         raise ValueError(f"--k / --k-max must be in [0, {MAX_K}], got {k}")
-    if proposer == "draft" and not args.draft:
-        raise ValueError("--proposer draft needs --draft PATH or --draft self:L")
-    if args.tree < 0:
-        raise ValueError(f"--tree must be >= 0, got {args.tree}")
-    drafts = (args.draft,) if args.draft and not args.draft.startswith("self:") else ()
-    return ServeDefaults(proposer=proposer, k=k, adaptive=adaptive, tree=args.tree,
-                         draft=args.draft, profile=args.profile, allowed_drafts=drafts)
+    draft = spec.draft
+    drafts = (draft,) if draft and not draft_source(draft) else ()
+    return ServeDefaults(proposer=spec.proposer, k=k, adaptive=adaptive, tree=spec.tree,
+                         draft=draft, profile=args.profile, allowed_drafts=drafts)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..bench.economics import load_profile
+    from ..economics import load_profile
     from .scheduler import SchedulerConfig
     from .server import ServerConfig, serve
 
@@ -61,11 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
                                 profile=load_profile(args.profile) if args.profile else None,
                                 guard_window=args.guard_window)
-    from ..api import Engine
-
-    engine = Engine(args.model, dtype=args.dtype, device=args.device, backend=args.backend,
-                    batch_invariant=args.batch_invariant,
-                    weights=getattr(args, "weights", "auto"))
+    engine = engine_from(args)
     if defaults.draft:
         engine.load_draft(defaults.draft)  # load once now, not on the first request
     names = tuple(dict.fromkeys(n for n in (args.served_model_name, args.model,
@@ -81,8 +71,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli import add_model_args
-
     p = subparsers.add_parser(
         "serve", help="an OpenAI-compatible server with continuous batching",
         description="Serve /v1/completions and /v1/chat/completions (OpenAI schema, SSE "
@@ -91,9 +79,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                     "(drafted, accepted, tau, proposer). The playground page is at /playground.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    p.add_argument("--proposer", default="auto",
-                   help="default proposer: auto (the best available), ngram, draft, none, or "
-                        "any registered name; a request may choose another")
+    p.add_argument("--proposer", default="auto", type=proposer_arg,
+                   help="default proposer: auto (the best available), ngram, draft, self:L, "
+                        "none, or any registered name; a request may choose another")
     p.add_argument("--k", default="auto",
                    help="draft tokens per step: a whole number (fixed), or auto (default): "
                         "chosen per step from the cost curve and each request's acceptance, "

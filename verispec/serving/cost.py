@@ -38,11 +38,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..bench.economics import CostModel
+from ..economics import CostModel, accepted_per_pass, depths
 
-# Dense just past 16: AMX tiles hold 16 rows, and on the default model (bf16, one thread,
-# two timings this round) T(18) was 15-23% above T(16) where a line from T(16) to T(32)
-# says 7%, so the first drafts past a full tile of decode rows must be priced from measurements.
+# Dense just past 16: AMX tiles hold 16 rows, and the step after a full tile of decode
+# rows costs a jump that a line through wider widths misses (docs/notebook/rounds.md,
+# serving round 6), so the first drafts past a tile must be priced from measurements.
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 17, 18, 20, 24, 32, 40, 48, 64, 96, 128)
 
 
@@ -149,14 +149,6 @@ class Candidate:
     decoding: bool = True  # False for a prefill, which commits no token this step
 
 
-def expected_gains(alphas: Sequence[float], cap: int) -> list[float]:
-    """E(k) - 1 for k = 0..cap: the expected accepted drafts."""
-    a = np.asarray(alphas, dtype=float)[:cap]
-    if a.size < cap:
-        a = np.concatenate([a, np.full(cap - a.size, a[-1] if a.size else 0.0)])
-    return [0.0] + np.cumsum(np.cumprod(a)).tolist()
-
-
 def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.0) -> list[int]:
     """Draft length per candidate maximising expected tokens per second of the step.
 
@@ -178,7 +170,8 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
     # Draft prices: measured seconds once the cost model is in seconds, else the prior's c.
     price = [c.draft_seconds if (c.draft_seconds is not None and cost.timed)
              else cost.prior.draft_cost * table[1] for c in candidates]
-    gains = [expected_gains(c.alphas, cap) for c, cap in zip(candidates, caps)]
+    gains = [accepted_per_pass(depths(c.alphas, cap)).tolist()
+             for c, cap in zip(candidates, caps)]  # E(k) - 1, k = 0..cap
     tokens = sum(1.0 + g[k] for c, g, k in zip(candidates, gains, ks) if c.decoding)
     total = sum(widths)
     verify = table[total] if cost.fused else sum(table[w] for w in widths)

@@ -5,8 +5,8 @@ step-cost table, whether drafts raise the batch's tokens per second. Near the
 break-even point (a full batch on a compute-bound CPU, where the first draft
 past a 16-row AMX tile costs a quarter of a step) both inputs are noisy: a
 request's acceptance comes from a handful of its own drafts, and step times
-drift by 10-25% on a shared machine. A prediction 5% wrong on each side turns a
-predicted gain into a realized loss, and `none` is the baseline a server must
+drift on a shared machine by more than the margin at stake. A prediction a little
+wrong on each side turns a predicted gain into a realized loss, and `none` is the baseline a server must
 never fall below.
 
 So the scheduler also measures what it gets. Steps are grouped into windows of
@@ -16,20 +16,20 @@ steps alternate between "on" (the allocator chooses as it predicts) and "off"
 (every adaptive request decodes plainly). Only probes are measured, and each
 mode's realized rate, committed tokens per second of step time, is the
 discounted sum over probes. Alternating step by step pairs the two modes under
-the same machine conditions: on this shared machine the step time drifts by
-10-25% over seconds, which decided the comparison when whole windows of one
-mode were set against whole windows of the other. Probes come every
+the same machine conditions: on a shared machine the step time drifts over
+seconds, which decided the comparison when whole windows of one mode were set
+against whole windows of the other. Probes come every
 `interval` leader windows; the interval doubles up to `max_interval` while the
 probes side with the leader (like `policy.AdaptiveK`'s probes at k = 0) and
 returns to `min_interval` when one sides clearly (by an `edge` past the
 threshold) with the other mode or the leader changes. Half a probe runs the
 losing mode, so with a clear winner the cost is half a window in `max_interval`.
 
-Steps that prefill a prompt are not measured (`record(..., measured=False)`): at
-16 streams one cost 1.5-4 decode steps (chat to HumanEval prompts) whatever the
-drafts, and one landing in a mode's half of a probe would outweigh the drafts.
+Steps that prefill a prompt are not measured (`record(..., measured=False)`): one
+costs several decode steps whatever the drafts, and one landing in a mode's half
+of a probe would outweigh the drafts.
 
-Speculating must lead by `edge` (3%): within that, noise decides, and plain
+Speculating must lead by `edge`: within that, noise decides, and plain
 decoding is the safe side of a tie. Outputs never depend on the guard: it only
 changes k.
 """

@@ -23,7 +23,8 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 # The one import of the economics code: the closed forms and the Monte-Carlo.
-from ..bench import economics, simulate
+from .. import economics
+from ..bench import simulate
 
 WEB = Path(__file__).with_name("web")
 K_MAX = 32

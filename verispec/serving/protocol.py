@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import proposers
+from .. import spec_text
 from ..config import SamplingParams, SpecConfig
 
 MAX_N = 16
@@ -196,16 +196,6 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
     return sampling, n, stream, include_usage
 
 
-def resolve_proposer(name: str) -> str:
-    """`auto` is the best proposer this installation has. Until the registry
-    offers its own `auto` (one that picks a trained head when it matches the
-    model), that is n-gram prompt lookup: the only proposer that needs no
-    weights and costs nothing when it finds no match."""
-    if name == "auto" and "auto" not in proposers.available():
-        return "ngram"
-    return name
-
-
 def parse_spec(body: dict, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
     try:
         return _parse_spec(_typed(body, "speculation", dict, {}), defaults, num_layers)
@@ -215,36 +205,37 @@ def parse_spec(body: dict, defaults: ServeDefaults, num_layers: int) -> SpecConf
         raise
 
 
+_SPEC_FIELDS = ("proposer", "k", "tree", "draft")
+
+
 def _parse_spec(raw: dict, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
-    unknown = set(raw) - {"proposer", "k", "tree", "draft"}
+    unknown = set(raw) - set(_SPEC_FIELDS)
     if unknown:
         raise APIError(f"Unrecognized speculation field: {sorted(unknown)[0]}", "speculation",
                        "unknown_parameter")
-    proposer = resolve_proposer(_typed(raw, "proposer", str, defaults.proposer))
-    if proposer not in proposers.available():
-        raise APIError(f"Unknown proposer '{proposer}'; choose auto or one of "
-                       f"{', '.join(proposers.available())}", "speculation.proposer")
-    k_raw = raw.get("k", "auto" if defaults.adaptive else defaults.k)
-    if k_raw == "auto":
-        adaptive, k = True, defaults.k
-    else:
-        adaptive, k = False, _ranged(raw, "k", int, 0, MAX_K, defaults.k)
-    tree = _ranged(raw, "tree", int, 0, 256, defaults.tree)
-    draft = _typed(raw, "draft", str, defaults.draft)
-    if proposer == "draft":
-        layers = draft[5:] if draft and draft.startswith("self:") else None
-        self_ok = layers is not None and layers.isdigit() and 1 <= int(layers) <= num_layers
-        if not (self_ok or draft in defaults.allowed_drafts):
-            allowed = ", ".join([f"self:1..self:{num_layers}", *defaults.allowed_drafts])
-            raise APIError(f"proposer 'draft' needs speculation.draft in: {allowed}; got {draft!r}",
-                           "speculation.draft")
-    if proposer == "none":
-        k, adaptive = 0, False
+    k = raw.get("k")
+    if k != "auto":
+        k = _ranged(raw, "k", int, 0, MAX_K, None)
+    typed = {"proposer": _typed(raw, "proposer", str, defaults.proposer),
+             "k": ("auto" if defaults.adaptive else defaults.k) if k is None else k,
+             "k_max": defaults.k, "tree": _ranged(raw, "tree", int, 0, 256, defaults.tree),
+             "draft": _typed(raw, "draft", str, defaults.draft), "profile": defaults.profile}
     try:
-        return SpecConfig(proposer=proposer, k=k, adaptive=adaptive, tree=tree, draft=draft,
-                          profile=defaults.profile)
-    except ValueError as exc:
-        raise APIError(str(exc), "speculation") from None
+        spec = spec_text.parse_spec(typed)
+    except spec_text.SpecError as exc:
+        field = {"k_max": "k"}.get(exc.field, exc.field)
+        raise APIError(str(exc), f"speculation.{field}" if field in _SPEC_FIELDS
+                       else "speculation") from None
+    if spec.proposer == "draft":
+        # A draft source made from the target (self:L) needs no preloading; its layer
+        # count needs the model, which only the server knows here.
+        source = spec_text.draft_source(spec.draft)
+        derived = source is not None and (source != "self" or int(spec.draft[5:]) <= num_layers)
+        if not (derived or spec.draft in defaults.allowed_drafts):
+            allowed = ", ".join([f"self:1..self:{num_layers}", *defaults.allowed_drafts])
+            raise APIError(f"proposer 'draft' needs speculation.draft in: {allowed}; "
+                           f"got {spec.draft!r}", "speculation.draft")
+    return spec
 
 
 def message_texts(body: dict) -> list[dict]:

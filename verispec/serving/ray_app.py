@@ -51,6 +51,7 @@ class RayAppArgs(BaseModel):
     device: str = "auto"
     backend: str = "auto"
     batch_invariant: bool = False
+    weights: str = "auto"
     served_model_name: Optional[str] = None
     proposer: str = "auto"
     k: Union[int, str] = "auto"
@@ -91,7 +92,7 @@ class RayAppArgs(BaseModel):
 
 
 def _scheduler_config(settings: RayAppArgs):
-    from ..bench.economics import load_profile
+    from ..economics import load_profile
     from .scheduler import SchedulerConfig
 
     return SchedulerConfig(max_num_seqs=settings.max_num_seqs, max_queue=settings.max_queue,
@@ -105,7 +106,7 @@ class VerispecReplica:
     def __init__(self, settings: dict) -> None:
         import torch
 
-        from ..api import Engine
+        from ..cli_args import engine_from
         from .cli import serve_defaults
         from .server import ServerConfig, create_app
 
@@ -113,8 +114,7 @@ class VerispecReplica:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
         torch.set_num_threads(s.threads or max(1, int(cpus)))
         defaults = serve_defaults(s.spec_namespace())
-        engine = Engine(s.model, dtype=s.dtype, device=s.device, backend=s.backend,
-                        batch_invariant=s.batch_invariant)
+        engine = engine_from(s.spec_namespace())
         if defaults.draft:
             engine.load_draft(defaults.draft)
         names = tuple(dict.fromkeys(n for n in (s.served_model_name, s.model,

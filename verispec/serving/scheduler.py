@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..bench.economics import CostModel
+from ..economics import CostModel
 from ..config import SamplingParams, SpecConfig
 from ..engine import SpecRequest
 from ..metrics import Stats, StepRecord

@@ -62,7 +62,7 @@ def add_subcommands(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=200, help="cap per generated response")
     p.add_argument("--batch", type=int, default=32,
                    help="responses decoded together when the backend batches requests")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "bfloat16", "fp32", "float32"],
                    help="the target's dtype; heads run in the dtype of the target they draft for")
     p.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])
     p.add_argument("--threads", type=int, default=0,

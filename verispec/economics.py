@@ -30,6 +30,7 @@ import math
 import operator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -56,11 +57,67 @@ def _check_cost(name: str, value: float) -> float:
     return float(value)
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Mean tokens emitted per target pass: the accepted prefix plus the one
-    token the target always contributes (a correction or the bonus token)."""
-    alpha, k = _check_alpha(alpha), _check_k(k)
+# Expected tokens per target pass, E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i (Leviathan
+# et al. 2023, eq. 1): the accepted prefix plus the one token the target always adds (a
+# correction or the bonus). Written here once, in its two forms, and used by every policy:
+# the adaptive k, the tree budget, `auto`, the batch allocator, `calc`, `simulate` and the
+# replay.
+
+def chain_tokens(alpha: float, k: int) -> float:
+    """E(k) when every depth accepts with the same alpha, in closed form
+    (1 - alpha^(k+1)) / (1 - alpha); k + 1 at alpha = 1. Unchecked: for estimates."""
+    if alpha >= 1.0:
+        return k + 1.0
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """`chain_tokens` for a user-given alpha in [0, 1) and k >= 0 (checked)."""
+    return chain_tokens(_check_alpha(alpha), _check_k(k))
+
+
+def accepted_per_pass(alphas: Sequence[float]) -> np.ndarray:
+    """E(k) - 1, the expected accepted drafts, for k = 0..len(alphas), with the
+    acceptance alpha_i of depth i (of a chain, or of a tree's accepted path)."""
+    return np.concatenate([[0.0], np.cumsum(np.cumprod(np.asarray(alphas, dtype=float)))])
+
+
+def tokens_per_pass(alphas: Sequence[float]) -> np.ndarray:
+    """E(k) for k = 0..len(alphas) (`accepted_per_pass` plus the target's own token)."""
+    return 1.0 + accepted_per_pass(alphas)
+
+
+def depths(alphas: Sequence[float], k: int) -> np.ndarray:
+    """alpha_1..alpha_k, the last estimate reused for depths beyond those given
+    (0 when none is given)."""
+    a = np.asarray(alphas, dtype=float)
+    return np.concatenate([a[:k], np.full(max(0, k - a.size), a[-1] if a.size else 0.0)])
+
+
+def expected_tokens_per_pass(alphas: Sequence[float], k: int) -> float:
+    """E(k) with depth-dependent acceptance; `expected_tokens(alpha, k)` when every
+    alpha_i == alpha. Depths beyond len(alphas) reuse the last one."""
+    return float(tokens_per_pass(depths(alphas, k))[k]) if k > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    k: int  # draft length
+    tokens_per_pass: float  # E(k)
+    seconds_per_pass: float  # in seconds once timed, else in units of T(1)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens_per_pass / self.seconds_per_pass
+
+
+def best_draft(alphas: Sequence[float], seconds: Sequence[float]) -> Choice:
+    """Argmax of E(k) / seconds[k] over k = 0..len(alphas); ties (within float
+    noise) go to the shorter draft, which wastes less if alpha is overestimated."""
+    tokens = tokens_per_pass(alphas)
+    rate = tokens / np.asarray(seconds, dtype=float)
+    k = int(np.flatnonzero(rate >= rate.max() * (1.0 - 1e-12))[0])
+    return Choice(k, float(tokens[k]), float(seconds[k]))
 
 
 @dataclass(frozen=True)

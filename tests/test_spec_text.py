@@ -1,0 +1,137 @@
+"""One parser for what users type about speculation (verispec.spec_text): every
+edge (generate flags, bench tokens, serve defaults, the HTTP `speculation`
+object) reads the same text the same way, and the CLI accepts what it used to
+refuse."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from verispec.cli import build_parser, main
+from verispec.cli_args import spec_from
+from verispec.config import SamplingParams, SpecConfig
+from verispec.bench.runner import proposer_spec
+from verispec.serving.cli import serve_defaults
+from verispec.serving.protocol import APIError, ServeDefaults, parse_spec as http_spec
+from verispec.spec_text import DRAFT_SOURCES, SpecError, parse_spec, parse_token
+
+from conftest import tiny_engine
+
+
+def generate_args(*flags):
+    return build_parser().parse_args(["generate", "--prompt", "x", *flags])
+
+
+def test_one_text_one_config_at_every_edge():
+    want = SpecConfig("draft", k=6, adaptive=True, draft="self:8")
+    assert spec_from(generate_args("--proposer", "self:8", "--k-max", "6")) == want
+    assert proposer_spec("self:8+auto", 6, None) == want
+    served = serve_defaults(build_parser().parse_args(["serve", "--proposer", "self:8",
+                                                       "--k-max", "6"]))
+    assert (served.proposer, served.draft, served.k, served.adaptive) == ("draft", "self:8", 6, True)
+    assert http_spec({"speculation": {"proposer": "self:8"}}, served, num_layers=30) == want
+    assert http_spec({"speculation": {"proposer": "draft", "draft": "self:8", "k": "auto"}},
+                     ServeDefaults(k=6, adaptive=False), num_layers=30) == want
+
+
+def test_tree_and_k_spellings_agree():
+    tree_auto = SpecConfig("ngram", k=5, adaptive=True, tree=32, tree_auto=True)
+    assert proposer_spec("ngram+tree=auto", 5, None) == tree_auto
+    assert spec_from(generate_args("--tree", "auto", "--k", "5")) == tree_auto
+    assert parse_spec(proposer="ngram", k=5, tree="auto") == tree_auto
+    assert parse_token("ngram+tree=k", {"k": 6}) == SpecConfig("ngram", k=6, tree=6)
+    assert parse_spec(proposer="none", k="auto", tree=4) == SpecConfig("none", k=0)
+
+
+@pytest.mark.parametrize("typed, field", [
+    ({"k": "many"}, "k"), ({"tree": "wide"}, "tree"), ({"proposer": "magic"}, "proposer"),
+    ({"proposer": "self:x"}, "draft"), ({"proposer": "draft"}, "draft"),
+    ({"proposer": "ngram", "head": "runs/h"}, "head"), ({"k": -1}, "k"),
+    ({"tree_shape": "wide", "tree": 4}, "tree_shape"), ({"colour": "red"}, "colour"),
+])
+def test_errors_name_the_field(typed, field):
+    with pytest.raises(SpecError) as exc:
+        parse_spec(typed)
+    assert exc.value.field == field
+
+
+def test_http_errors_point_at_the_speculation_field():
+    defaults = ServeDefaults()
+    for raw, param in (({"proposer": "self:99"}, "speculation.draft"),
+                       ({"proposer": "nope"}, "speculation.proposer"),
+                       ({"tree": -2}, "speculation.tree")):
+        with pytest.raises(APIError) as exc:
+            http_spec({"speculation": raw}, defaults, num_layers=4)
+        assert exc.value.param == param
+
+
+def test_a_new_draft_source_works_everywhere(monkeypatch):
+    """Adding a draft source is one table entry: it then works as --proposer and
+    --draft on the command line and as a bench token."""
+    def check(rest):
+        if not rest.startswith("Q"):
+            raise SpecError(f"quant: needs a block format, got {rest!r}", "draft")
+
+    monkeypatch.setitem(DRAFT_SOURCES, "quant", check)
+    assert spec_from(generate_args("--proposer", "quant:Q4_0:8")).draft == "quant:Q4_0:8"
+    assert spec_from(generate_args("--proposer", "draft", "--draft", "quant:Q8_0")).draft == "quant:Q8_0"
+    assert proposer_spec("quant:Q4_0+auto", 4, None).draft == "quant:Q4_0"
+    with pytest.raises(SpecError, match="block format"):
+        proposer_spec("quant:F99", 4, None)
+    with pytest.raises(SpecError, match="block format"):
+        spec_from(generate_args("--proposer", "draft", "--draft", "quant:F99"))
+
+
+def run_json(capsys, *argv) -> dict:
+    assert main(["generate", "--json", "--max-new-tokens", "24", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+PROMPT = ["--prompt", "List the days of the week: Monday, Tuesday, Wednesday, Monday, Tuesday,"]
+
+
+@pytest.mark.slow
+def test_cli_accepts_what_it_used_to_refuse(capsys):
+    """`generate --proposer self:8`, torch's dtype names and `--proposer auto --tree
+    auto` all run on the default model, with output equal to plain decoding."""
+    plain = run_json(capsys, *PROMPT, "--proposer", "none", "--dtype", "fp32")
+    alias = run_json(capsys, *PROMPT, "--proposer", "none", "--dtype", "float32")
+    assert (alias["token_ids"], alias["text"]) == (plain["token_ids"], plain["text"])
+    selfdraft = run_json(capsys, *PROMPT, "--proposer", "self:8", "--dtype", "float32")
+    assert selfdraft["token_ids"] == plain["token_ids"]
+    assert selfdraft["stats"]["proposer"] == "draft:self:8" and selfdraft["stats"]["drafted"] > 0
+    auto = run_json(capsys, *PROMPT, "--proposer", "auto", "--tree", "auto", "--dtype", "float32")
+    assert auto["token_ids"] == plain["token_ids"] and auto["stats"]["adaptive"]
+    bf16 = run_json(capsys, *PROMPT, "--proposer", "none", "--dtype", "bf16")
+    assert run_json(capsys, *PROMPT, "--proposer", "none",
+                    "--dtype", "bfloat16")["token_ids"] == bf16["token_ids"]
+
+
+def test_cli_refuses_a_bad_draft_source_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--prompt", "hi", "--proposer", "self:none"])
+    assert exc.value.code == 2
+    assert "self:L needs a whole number of layers" in capsys.readouterr().err
+
+
+def test_auto_with_tree_auto_drafts_trees_and_logs_skipped_candidates(caplog):
+    """On a target with no trained head, auto keeps n-gram lookup (drafting trees,
+    as asked) and says in the log why each head candidate is absent."""
+    from verispec.proposers import auto
+
+    auto._said.clear()
+    engine = tiny_engine()
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    spec = parse_spec(proposer="auto", tree="auto", k=4)
+    with caplog.at_level(logging.WARNING, logger="verispec.proposers.auto"):
+        got = engine.generate(prompt, SamplingParams(max_new_tokens=16), spec)
+    skipped = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("auto: candidate eagle skipped: ") for m in skipped)
+    assert any(m.startswith("auto: candidate medusa skipped: ") for m in skipped)
+    want = engine.generate(prompt, SamplingParams(max_new_tokens=16), SpecConfig("none", k=0))
+    assert got.token_ids == want.token_ids
+    request = engine.new_request(prompt, SamplingParams(max_new_tokens=16), spec)
+    assert list(request.proposer.tracks) == ["ngram"]
+    assert request.proposer.tracks["ngram"].proposer.tree_nodes == 32  # a tree, as asked

@@ -1,0 +1,147 @@
+"""The flags that several commands share (model, speculation, sampling) and the
+functions that turn them into an `Engine`, a `SpecConfig` and `SamplingParams`.
+
+`verispec generate`, `serve`, `bench` and `profile` all add their flags from
+here, so one flag means one thing everywhere; speculation text goes through
+`verispec.spec_text`, the one parser of what users type about it.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .config import TREE_SHAPES, SamplingParams, SpecConfig
+from .spec_text import DRAFT_SOURCES, SpecError, draft_source, parse_spec, proposer_names
+
+# verispec's short names and torch's own spellings; models.loading reads both.
+DTYPES = ("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16")
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="a local HF model directory or a .gguf file "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, metavar="{auto,bf16,fp32,fp16}",
+                   help="auto = bf16 on CUDA or CPUs with AMX/AVX512-BF16 (fp32 for --backend hf "
+                        "on CPU), else fp32; torch's names (bfloat16, float32, float16) work too")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
+                   help="native = verispec's fast Llama-family forward; hf = transformers "
+                        "(any model); auto = native where supported")
+    p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense"],
+                   help="GGUF files: quant = run the file's quantized blocks in verispec's "
+                        "kernels (memory about the file's size, same logits as dense); dense = "
+                        "dequantize to bf16 once (a cached copy); auto = quant where the "
+                        "kernels build")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="native only: every position's logits are bit-identical whether "
+                        "computed alone, in a verification block or in a batch. Always on, at no "
+                        "cost, for bf16 on verispec's CPU kernels (AMX); this flag extends it to "
+                        "fp32 (matmuls on fixed 8-row tiles, slower) and to CPUs without the kernels")
+
+
+def engine_from(args: argparse.Namespace, backend: str | None = None):
+    """The Engine that a command's model flags (`add_model_args`) describe. `backend`:
+    another backend than the flags' (the transformers peer of a benchmark), which
+    then loads without --batch-invariant (a native-only setting)."""
+    from .api import Engine
+
+    return Engine(args.model, dtype=args.dtype, device=args.device,
+                  backend=backend or args.backend,
+                  batch_invariant=args.batch_invariant and backend is None,
+                  weights=args.weights if backend is None else "dense")
+
+
+def proposer_arg(text: str) -> str:
+    """argparse type of --proposer: a registered name or a draft source (self:L)."""
+    if text in proposer_names():
+        return text
+    try:
+        if draft_source(text):
+            return text
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    sources = ", ".join(f"{p}:..." for p in DRAFT_SOURCES)
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from "
+                                     f"{', '.join(proposer_names())} or {sources})")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--proposer", default="ngram", type=proposer_arg,
+                   help="who guesses the next tokens: ngram (prompt lookup, free), "
+                        "draft (a small model or self:L), self:L (short for --proposer draft "
+                        "--draft self:L), eagle / medusa (trained heads on the "
+                        "target's hidden states), auto (each step the candidate that pays best, "
+                        "keyed on n-gram lookup's match length: ngram, the shipped heads, the "
+                        "--draft model if given, or none), none (plain decoding)")
+    p.add_argument("--k", default="auto",
+                   help="draft tokens per target pass; 0 = plain decoding; auto (default) = "
+                        "choose k each step to maximize tokens/s, capped by --k-max")
+    p.add_argument("--k-max", type=int, default=8, help="largest k that --k auto may choose")
+    p.add_argument("--profile", default=None,
+                   help="cost profile from `verispec profile`, a prior for --k auto")
+    p.add_argument("--draft", default=None,
+                   help="for --proposer draft: a model path, self:L to reuse the "
+                        "target's first L layers (no extra weights), or quant:Q4_0[:L] for the "
+                        "target's own layers cast at load to Q4_0 (or Q4_1, Q5_0, Q5_1, Q8_0), "
+                        "optionally only the first L, run by verispec's kernels")
+    p.add_argument("--tree", default="0", metavar="N|auto",
+                   help="node budget of a token tree verified in one pass (ngram: one branch "
+                        "per distinct match); 0 = a chain of k tokens; auto = choose the "
+                        "budget (up to --tree-max) and the depth per step from measured "
+                        "acceptance and step times (k becomes adaptive too, capped by a numeric "
+                        "--k, or by --k-max with --k auto); with --proposer auto each candidate "
+                        "that can draft a tree does")
+    p.add_argument("--tree-max", type=int, default=32,
+                   help="with --tree auto: the largest node budget considered (default 32)")
+    p.add_argument("--tree-shape", default="dynamic", choices=TREE_SHAPES,
+                   help="with --tree, for draft / eagle / medusa: dynamic = EAGLE-2's tree, "
+                        "growing the branches with the highest cumulative draft probability and "
+                        "keeping the --tree likeliest nodes; topb = a static tree, every node's "
+                        "--tree-branch likeliest children, breadth-first up to --tree nodes. "
+                        "Depth is at most --k either way")
+    p.add_argument("--tree-branch", type=int, default=4,
+                   help="with --tree: children per expanded node (dynamic also expands this many "
+                        "nodes per depth); ngram ignores it")
+    p.add_argument("--ngram-min", type=int, default=1, help="shortest suffix n-gram to look up")
+    p.add_argument("--ngram-max", type=int, default=4, help="longest suffix n-gram, tried first")
+    p.add_argument("--head", default=None,
+                   help="for --proposer eagle|medusa: a head directory from `verispec train-head` "
+                        "(default: the head shipped for the default model)")
+    p.add_argument("--head-vocab", type=int, default=None,
+                   help="heads draft over at most this many tokens, the lowest ids of the head's "
+                        "draft vocabulary (frequent first in BPE); a smaller LM-head product per "
+                        "draft token; 0 = all of it (default: SpecConfig.head_vocab, 8192)")
+    p.add_argument("--lossy-typical", action="store_true",
+                   help="sampling only: Medusa's typical acceptance instead of rejection sampling; "
+                        "LOSSY (output no longer follows the model), marked so in the stats")
+
+
+def spec_from(args: argparse.Namespace) -> SpecConfig:
+    """The SpecConfig that the flags of `add_spec_args` describe."""
+    head_vocab = SpecConfig.head_vocab if args.head_vocab is None else args.head_vocab
+    return parse_spec(proposer=args.proposer, k=args.k, k_max=args.k_max, draft=args.draft,
+                      tree=args.tree, tree_max=args.tree_max, tree_shape=args.tree_shape,
+                      tree_branch=args.tree_branch, profile=args.profile,
+                      ngram_min=args.ngram_min, ngram_max=args.ngram_max, head=args.head,
+                      head_vocab=head_vocab, lossy_typical=args.lossy_typical)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]; 1 = off")
+    p.add_argument("--seed", type=int, default=None, help="seed of the request's sampler")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="cap on generated tokens")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop string (repeatable); the output ends before it")
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past EOS")
+
+
+def sampling_from(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          seed=args.seed, max_new_tokens=args.max_new_tokens,
+                          stop=tuple(args.stop), ignore_eos=args.ignore_eos)
