@@ -13,7 +13,7 @@ from verispec.cli import build_parser, main
 from verispec.cli_args import spec_from
 from verispec.config import SamplingParams, SpecConfig
 from verispec.bench.runner import proposer_spec
-from verispec.serving.cli import serve_defaults
+from verispec.serving.protocol import serve_defaults
 from verispec.serving.protocol import APIError, ServeDefaults, parse_spec as http_spec
 from verispec.spec_text import DRAFT_SOURCES, SpecError, parse_spec, parse_token
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..cli_args import add_model_args, engine_from, proposer_arg
-from ..spec_text import draft_source, parse_spec
-from .protocol import MAX_K, ServeDefaults
+from .protocol import serve_defaults
 
 _EPILOG = """\
 examples:
@@ -23,21 +22,6 @@ open http://127.0.0.1:8000/playground to watch speculation token by token.
 A request may override speculation with an extra field, e.g.
   "speculation": {"proposer": "ngram", "k": 4}   (k "auto" = chosen per step under load)
 """
-
-
-def serve_defaults(args: argparse.Namespace) -> ServeDefaults:
-    """The server's speculation defaults, checked by the one parser of speculation
-    text (`verispec.spec_text`) before the model loads."""
-    spec = parse_spec(proposer=args.proposer, k=args.k, k_max=args.k_max, tree=args.tree,
-                      draft=args.draft, profile=args.profile)
-    adaptive = str(args.k) == "auto"
-    k = args.k_max if adaptive else int(args.k)
-    if not 0 <= k <= MAX_K:
-        raise ValueError(f"--k / --k-max must be in [0, {MAX_K}], got {k}")
-    draft = spec.draft
-    drafts = (draft,) if draft and not draft_source(draft) else ()
-    return ServeDefaults(proposer=spec.proposer, k=k, adaptive=adaptive, tree=spec.tree,
-                         draft=draft, profile=args.profile, allowed_drafts=drafts)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ in `verispec.serving.provenance`). Without it a stream is exactly OpenAI's.
 """
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -363,3 +364,18 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
     provenance = _typed(_typed(body, "stream_options", dict, {}), "include_provenance", bool, False)
     return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, n, stream,
                include_usage, echo, provenance)
+
+
+def serve_defaults(args: argparse.Namespace) -> ServeDefaults:
+    """The server's speculation defaults, checked by the one parser of speculation
+    text (`verispec.spec_text`) before the model loads."""
+    spec = spec_text.parse_spec(proposer=args.proposer, k=args.k, k_max=args.k_max, tree=args.tree,
+                      draft=args.draft, profile=args.profile)
+    adaptive = str(args.k) == "auto"
+    k = args.k_max if adaptive else int(args.k)
+    if not 0 <= k <= MAX_K:
+        raise ValueError(f"--k / --k-max must be in [0, {MAX_K}], got {k}")
+    draft = spec.draft
+    drafts = (draft,) if draft and not spec_text.draft_source(draft) else ()
+    return ServeDefaults(proposer=spec.proposer, k=k, adaptive=adaptive, tree=spec.tree,
+                         draft=draft, profile=args.profile, allowed_drafts=drafts)

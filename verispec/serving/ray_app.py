@@ -107,7 +107,7 @@ class VerispecReplica:
         import torch
 
         from ..cli_args import engine_from
-        from .cli import serve_defaults
+        from .protocol import serve_defaults
         from .server import ServerConfig, create_app
 
         s = RayAppArgs(**settings)
@@ -284,7 +284,7 @@ class VerispecIngress:
 
 def build_app(args: Union[dict, RayAppArgs, None] = None) -> "serve.Application":
     """The Serve application for `serve run` / `serve deploy` / `serve.run`."""
-    from .cli import serve_defaults
+    from .protocol import serve_defaults
 
     settings = args if isinstance(args, RayAppArgs) else RayAppArgs(**(args or {}))
     serve_defaults(settings.spec_namespace())  # refuse bad speculation flags before deploying
