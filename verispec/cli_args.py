@@ -39,7 +39,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-invariant", action="store_true",
                    help="native only: every position's logits are bit-identical whether "
                         "computed alone, in a verification block or in a batch. Always on, at no "
-                        "cost, for bf16 on verispec's CPU kernels (AMX); this flag extends it to "
+                        "cost, for bf16 on verispec's CPU kernels (AMX or AVX-512-BF16); this flag extends it to "
                         "fp32 (matmuls on fixed 8-row tiles, slower) and to CPUs without the kernels")
 
 

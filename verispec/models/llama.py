@@ -12,11 +12,13 @@ logits as the other: ordinary bf16 noise.
 Row invariance. A position's logits and cached keys/values are bit-identical
 whether it is forwarded alone (plain decoding), inside a verification block, a
 token tree or a batch of other requests, whenever verispec's CPU kernels run the
-model: their matmul (bf16, AMX) and attention (bf16 and fp32) compute each row
-alone in a fixed order. bf16 on the kernels is therefore always invariant, at no
-cost. `batch_invariant=True` extends the guarantee to fp32 (its oneDNN matmuls
-run on fixed ROW_TILE-row tiles) and to CPUs without the kernels (SDPA replaced
-by fixed tiles, see llama_attention.invariant_attend).
+model: their matmul (bf16 or GGUF blocks, on AMX or AVX-512-BF16) and attention
+(bf16 and fp32) compute each row alone in a fixed order. bf16 on the kernels is
+therefore always invariant, at no cost. fp32 matmuls run padded to whole
+ROW_TILEs (`_linear`), which keeps a row's bits independent of the row count on
+the BLAS seen so far; `batch_invariant=True` makes that a guarantee (fixed
+ROW_TILE-row tiles, whatever the library does) and covers CPUs without the
+kernels (SDPA replaced by fixed tiles, see llama_attention.invariant_attend).
 
 Hidden states follow HF's `output_hidden_states` index for index: 0 is the
 token embeddings, l in [1, num_layers) is the output of decoder layer l, and
