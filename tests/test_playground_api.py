@@ -12,7 +12,8 @@ import pytest
 
 from conftest import tiny_engine
 from verispec import SamplingParams, SpecConfig
-from verispec.bench import econ_cli, economics, simulate
+from verispec import economics
+from verispec.bench import econ_cli, simulate
 from verispec.metrics import StepRecord
 from verispec.serving import playground
 from verispec.serving.protocol import ServeDefaults
@@ -167,6 +168,11 @@ def test_provenance_option_is_validated(server):
             "stream_options": {"include_provenance": True}}
     response, text = request(server, "POST", "/v1/completions", body)
     assert response.status == 400 and "stream" in text
+    # Token texts would run ahead of the text held back for a partial stop string.
+    body = {"model": "tiny", "prompt": "abc", "max_tokens": 4, "stream": True, "stop": ["x"],
+            "stream_options": {"include_provenance": True}}
+    response, text = request(server, "POST", "/v1/completions", body)
+    assert response.status == 400 and "stop" in text and "include_provenance" in text
 
 
 class ByteTokenizer:

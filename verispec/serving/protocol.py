@@ -362,6 +362,11 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
             raise APIError(f"prompt token ids must be in [0, {vocab})", "prompt")
     budget = max_tokens(body, chat, max(len(ids) for ids in inputs), engine.target.max_context)
     provenance = _typed(_typed(body, "stream_options", dict, {}), "include_provenance", bool, False)
+    if provenance and sampling.stop:
+        # Token texts stream per pass, ahead of the text held back for a partial stop
+        # string, so they would show what a stop trims: refused rather than leaked.
+        raise APIError("stream_options.include_provenance cannot be combined with 'stop'",
+                       "stream_options")
     return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, n, stream,
                include_usage, echo, provenance)
 

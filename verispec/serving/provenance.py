@@ -22,8 +22,11 @@ rejection; greedy: the target's argmax there) and `bonus` (the target's own
 token after every draft passed; on a k = 0 step it is the plain token). A stop
 (EOS, a stop string, max_tokens) may cut a pass's tokens short, and then no
 recovered or bonus token follows. The `text` of the committed tokens
-concatenates to the decoded completion before stop strings are trimmed; a
-token that ends inside a UTF-8 character has "" and the next one carries it.
+concatenates to the decoded completion; a token that ends inside a UTF-8
+character has "" and the next one carries it. A request with stop strings is
+refused (protocol.build_job): token texts stream per pass, ahead of the
+text the server holds back for a partial stop string, and would show what the
+stop trims.
 The origins are the engine's own verdicts (metrics.StepRecord), not a replay.
 """
 from __future__ import annotations
