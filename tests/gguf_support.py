@@ -57,11 +57,13 @@ def _interleave(rows: int, heads: int) -> np.ndarray:
 
 def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinyShape = TinyShape(),
                     seed: int = 0, reference: Path | None = None, vocab_strings: bool = False,
-                    corrupt_shape: str | None = None, eos: int | None = 1) -> Path:
+                    corrupt_shape: str | None = None, eos: int | None = 1,
+                    tokenizer=None) -> Path:
     """A random-weight model in GGUF. `types` maps a tensor kind (embed, head, q, k,
     v, o, gate, up, down) to its block type, or gives one for all. `reference`:
     also write the dequantized weights, transformers' order, as a safetensors
-    folder. `corrupt_shape`: give that tensor kind one row too many."""
+    folder. `corrupt_shape`: give that tensor kind one row too many. `tokenizer`:
+    a callable that writes the tokenizer metadata (it is given the writer)."""
     rng = np.random.default_rng(seed)
     kinds = ("embed", "head", "q", "k", "v", "o", "gate", "up", "down")
     types = {k: types for k in kinds} if isinstance(types, Q) else {k: Q.Q8_0 for k in kinds} | types
@@ -81,6 +83,8 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
     if vocab_strings:
         writer.add_tokenizer_model("gpt2")
         writer.add_token_list([f"t{i}" for i in range(s.vocab)])
+    if tokenizer is not None:
+        tokenizer(writer)
     dense: dict[str, torch.Tensor] = {}
     qkv_out = {"q": s.heads * s.head_dim, "k": s.kv_heads * s.head_dim, "v": s.kv_heads * s.head_dim}
 

@@ -14,6 +14,7 @@ from .metrics import Stats
 from .models.base import TargetModel
 from .models.llama import NativeLlama
 from .models.loading import DEFAULT_MODEL, load_target
+from .prompt_ids import chat_ids, text_ids
 from .proposers.base import ProposerSetup
 from .sampling import make_generator
 from .spec_text import parse_quant_source
@@ -89,29 +90,16 @@ class Engine:
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
-        if not prompt or not prompt.strip():
-            raise ValueError("the prompt is empty")
+        """A raw prompt's ids, BOS/EOS added as the tokenizer asks; `chat`: through the template."""
         if chat:
+            if not prompt or not prompt.strip():
+                raise ValueError("the prompt is empty")
             return self.encode_messages([{"role": "user", "content": prompt}])
-        if self.tokenizer is None:
-            raise ValueError("this engine has no tokenizer; pass token ids")
-        return [int(i) for i in self.tokenizer.encode(prompt, add_special_tokens=False)]
+        return text_ids(self.tokenizer, prompt)
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
         """Token ids of a chat conversation, with the assistant's turn opened."""
-        if not messages:
-            raise ValueError("the messages are empty")
-        if self.tokenizer is None:
-            raise ValueError("this engine has no tokenizer; pass token ids")
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template")
-        ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        if len(ids) and isinstance(ids[0], (list, tuple)):
-            ids = ids[0]
-        return [int(i) for i in ids]
+        return chat_ids(self.tokenizer, messages)
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

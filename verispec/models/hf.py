@@ -7,66 +7,10 @@ import inspect
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from .base import ForwardOutput, TargetModel
-
-
-class HFCache:
-    """A DynamicCache whose rollback is a crop to an absolute length."""
-
-    def __init__(self, config) -> None:
-        self.kv = DynamicCache(config=config)
-
-    @property
-    def length(self) -> int:
-        return self.kv.get_seq_length()
-
-    def truncate(self, length: int) -> None:
-        extra = self.length - length
-        if extra > 0:
-            # A negative argument removes that many positions in every transformers
-            # release that has crop(); a positive one means different things across them.
-            self.kv.crop(-extra)
-
-    @torch.inference_mode()
-    def compact(self, start: int, keep: torch.Tensor) -> None:
-        """Keep positions [0, start) and then the positions in `keep`, in order.
-
-        `keep` holds absolute positions, strictly increasing, all in [start,
-        length). Afterwards position start + j holds what keep[j] held and
-        length == start + len(keep): the contract of StaticKVCache.compact.
-
-        Tree verification calls this once a path is accepted: the path's nodes
-        were forwarded at RoPE positions start + depth, so the compacted cache
-        equals one built by forwarding the kept tokens alone as a chain.
-        """
-        keep = keep.flatten().to(torch.long)
-        length = self.length
-        count = keep.numel()
-        if not 0 <= start <= length:
-            raise ValueError(f"compact start {start} outside the cached range [0, {length}]")
-        if count:
-            lo, hi = int(keep[0]), int(keep[-1])
-            if lo < start or hi >= length:
-                raise ValueError(f"compact keeps positions in [{lo}, {hi}], outside [{start}, {length})")
-            if count > 1 and not bool((keep[1:] > keep[:-1]).all()):
-                raise ValueError("compact needs strictly increasing positions")
-        layers = [layer for layer in self.kv.layers if layer.is_initialized]
-        if any(getattr(layer, "is_sliding", False) for layer in layers):
-            # A sliding layer stores a window, not absolute positions; checked before any write.
-            raise NotImplementedError("compacting a sliding-window cache layer is not supported")
-        if count and int(keep[-1]) - int(keep[0]) == count - 1 and int(keep[0]) == start:
-            self.truncate(start + count)
-            return
-        for layer in layers:
-            index = keep.to(layer.keys.device)
-            # Advanced indexing gathers into a fresh tensor before the write, so
-            # sources the write overlaps are read first.
-            layer.keys[..., start:start + count, :] = layer.keys[..., index, :]
-            layer.values[..., start:start + count, :] = layer.values[..., index, :]
-            layer.keys = layer.keys[..., : start + count, :]
-            layer.values = layer.values[..., : start + count, :]
+from .hf_cache import DEFAULT_SLACK, HFCache, window_masks
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -76,8 +20,12 @@ def _cache_kwarg(model: PreTrainedModel) -> str:
 
 
 class HFModel(TargetModel):
-    def __init__(self, model: PreTrainedModel, name: str = "hf") -> None:
+    def __init__(self, model: PreTrainedModel, name: str = "hf",
+                 window_slack: int = DEFAULT_SLACK) -> None:
+        """`window_slack`: positions a sliding-window layer keeps past its window,
+        the deepest rollback it supports (see `hf_cache`)."""
         self.model = model.eval()
+        self.window_slack = int(window_slack)
         cfg = model.config
         self.config = cfg
         self.name = name
@@ -91,7 +39,7 @@ class HFModel(TargetModel):
         self._cache_kw = _cache_kwarg(model)
 
     def new_cache(self, capacity: int | None = None) -> HFCache:
-        return HFCache(self.config)
+        return HFCache(self.config, self.window_slack)
 
     @torch.inference_mode()
     def forward(
@@ -104,18 +52,25 @@ class HFModel(TargetModel):
         hidden_layers: Sequence[int] = (),
     ) -> ForwardOutput:
         n = tokens.shape[0]
+        cache.before_forward()
         start = cache.length
         if positions is None:
             positions = torch.arange(start, start + n, device=self.device)
+        positions = positions.to(self.device)
+        if mask is not None:
+            mask = mask.to(self.device)
+        windowed = window_masks(cache, positions, mask)
         kwargs = {
             self._cache_kw: cache.kv,
             "use_cache": True,
-            "position_ids": positions[None].to(self.device),
+            "position_ids": positions[None],
             "logits_to_keep": num_logits or 0,
             "output_hidden_states": bool(hidden_layers),
         }
-        if mask is not None:
-            kwargs["attention_mask"] = mask[None, None].to(self.device)  # [1, 1, n, start + n]
+        if windowed is not None:
+            kwargs["attention_mask"] = windowed
+        elif mask is not None:
+            kwargs["attention_mask"] = mask[None, None]  # [1, 1, n, start + n]
         out = self.model(input_ids=tokens[None].to(self.device), **kwargs)
         hidden = tuple(out.hidden_states[layer][0] for layer in hidden_layers) if hidden_layers else ()
         return ForwardOutput(logits=out.logits[0].float(), hidden=hidden)
@@ -143,7 +98,7 @@ class HFModel(TargetModel):
         if getattr(self.model, "generation_config", None) is not None:
             shallow.generation_config = copy.deepcopy(self.model.generation_config)
         shallow._modules[self.model.base_model_prefix] = shallow_base
-        return HFModel(shallow, name=f"{self.name}[:{num_layers}]")
+        return HFModel(shallow, name=f"{self.name}[:{num_layers}]", window_slack=self.window_slack)
 
     def weights_fingerprint(self) -> str:
         digest = hashlib.sha256()

@@ -82,6 +82,22 @@ def _gguf_cache_dir(gguf: Path) -> Path:
     return cache_root() / "models" / f"{gguf.stem}-{digest.hexdigest()[:12]}"
 
 
+# BPE pre-tokenizers for which llama.cpp adds BOS when the file has no
+# tokenizer.ggml.add_bos_token (probed on llama-cpp-python 0.3.36); transformers
+# defaults only sentencepiece files to BOS, so these would get none.
+_LLAMA_CPP_BOS_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                "pixtral", "tekken", "chameleon"})
+
+
+def ask_bos_as_llama_cpp(tokenizer, metadata: dict) -> None:
+    """Give a GGUF file's tokenizer llama.cpp's BOS default where the file does not say."""
+    if "tokenizer.ggml.add_bos_token" in metadata or tokenizer.bos_token is None:
+        return
+    if (metadata.get("tokenizer.ggml.model") == "gpt2"
+            and metadata.get("tokenizer.ggml.pre") in _LLAMA_CPP_BOS_PRE):
+        tokenizer.add_bos_token = True
+
+
 def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
     """Dequantize a GGUF file into a dense HF directory under the cache; reuse it if present."""
     from .gguf_file import GGUFFile
@@ -89,7 +105,7 @@ def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
     target = _gguf_cache_dir(gguf)
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
-    GGUFFile(gguf)  # a broken file gets its one-line GGUFError here, not a transformers crash
+    metadata = GGUFFile(gguf).metadata  # a broken file gets its one-line GGUFError here
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -97,6 +113,7 @@ def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
         print(f"verispec: converting {gguf.name} to dense weights once "
               f"(about 30 s), cached in {target}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    ask_bos_as_llama_cpp(tokenizer, metadata)
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +188,7 @@ def gguf_source(source: str | None) -> Path | None:
     return path if path.is_file() and path.suffix == ".gguf" else None
 
 
-def gguf_tokenizer(gguf: Path, quiet: bool = False, has_vocab: bool | None = None):
+def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None):
     """The file's own tokenizer and chat template, built by transformers once and
     cached as tokenizer.json (a few MB); None for a file without a vocabulary."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -180,14 +197,14 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False, has_vocab: bool | None = Non
 
     folder = cache_root() / "tokenizers" / _gguf_cache_dir(gguf).name
     if not (folder / "tokenizer.json").exists():
-        if has_vocab is None:
-            has_vocab = "tokenizer.ggml.model" in GGUFFile(gguf).metadata
-        if not has_vocab:
+        metadata = GGUFFile(gguf).metadata if metadata is None else metadata
+        if "tokenizer.ggml.model" not in metadata:
             return None
         if not quiet:
             print(f"verispec: reading {gguf.name}'s tokenizer once, cached in {folder}",
                   file=sys.stderr)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        ask_bos_as_llama_cpp(tokenizer, metadata)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
         tokenizer.save_pretrained(str(tmp))
@@ -233,9 +250,9 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         return None
     target = NativeLlama.from_gguf(gf, torch_dtype, dev, quant=True,
                                    batch_invariant=batch_invariant)
-    has_vocab = "tokenizer.ggml.model" in gf.metadata
+    tokenizer = gguf_tokenizer(gguf, metadata=gf.metadata)
     del gf  # the packs hold the weights; the file's pages can go
-    return LoadedTarget(target, gguf_tokenizer(gguf, has_vocab=has_vocab), "native", "quant")
+    return LoadedTarget(target, tokenizer, "native", "quant")
 
 
 def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dtype | None = None,

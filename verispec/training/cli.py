@@ -91,16 +91,15 @@ def _other_fingerprints(source: str, backend: str, loaded_dtype) -> list[str]:
 def encode_prompts(tokenizer, prompts) -> list:
     from .responses import PromptIds
 
+    from ..prompt_ids import chat_ids, text_ids
+
     out = []
     for p in prompts:
         if getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True,
-                                                tokenize=True)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
+            ids = chat_ids(tokenizer, p.messages)
         else:
-            ids = tokenizer.encode(p.messages[-1]["content"], add_special_tokens=True)
-        out.append(PromptIds(p.id, p.kind, [int(i) for i in ids]))
+            ids = text_ids(tokenizer, p.messages[-1]["content"])
+        out.append(PromptIds(p.id, p.kind, ids))
     return out
 
 

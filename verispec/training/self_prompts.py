@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..models.base import TargetModel
+from ..prompt_ids import template_text_ids
 from .material import TrainingPrompt, _bench_lines, _normal
 from .responses import GenerationSettings, PromptIds, decode_prompts, read_records
 
@@ -58,7 +59,7 @@ def turn_prefix(tokenizer) -> list[int]:
     marker = "\u2063MARKER\u2063"
     text = tokenizer.apply_chat_template([{"role": "user", "content": marker}],
                                          add_generation_prompt=False, tokenize=False)
-    return tokenizer.encode(text[:text.index(marker)], add_special_tokens=False)
+    return template_text_ids(tokenizer, text[:text.index(marker)])
 
 
 def _shingles(text: str) -> set[tuple[str, ...]]:
@@ -127,7 +128,7 @@ def self_prompts(target: TargetModel, tokenizer, settings: SelfPromptSettings, p
             opener = OPENERS[attempt % len(OPENERS)]
             ask = f"ask-{settings.seed}-{start}-{attempt}"
             opener_of[ask] = opener
-            ids = prefix + (tokenizer.encode(opener, add_special_tokens=False) if opener else [])
+            ids = prefix + (template_text_ids(tokenizer, opener) if opener else [])
             yield PromptIds(ask, "self", ids)
             attempt += 1
 
