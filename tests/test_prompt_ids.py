@@ -73,14 +73,16 @@ def test_raw_prompt_output_equals_transformers_generate(tmp_path):
     engine = Engine(str(folder), backend="hf", dtype="fp32")
     for text in TEXTS[:2]:
         ids = reference(text, return_tensors="pt")["input_ids"]
-        want = model.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12,
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12, min_new_tokens=12,
                               eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
         for spec in (SpecConfig("none"), SpecConfig("ngram", k=4)):
             got = engine.generate(text, SamplingParams(max_new_tokens=12, ignore_eos=True), spec)
             assert got.token_ids == want
         # Token ids are the model's input as given: no BOS is put in front of them.
         without_bos = ids[0, 1:].tolist()
-        plain = model.generate(torch.tensor([without_bos]), do_sample=False, max_new_tokens=6,
+        short = torch.tensor([without_bos])
+        plain = model.generate(short, attention_mask=torch.ones_like(short), do_sample=False,
+                               max_new_tokens=6,
                                min_new_tokens=6, eos_token_id=None, pad_token_id=0)
         got = engine.generate(without_bos, SamplingParams(max_new_tokens=6, ignore_eos=True))
         assert got.token_ids == plain[0, len(without_bos):].tolist()

@@ -46,7 +46,8 @@ def kind(request):
 @pytest.fixture(scope="module")
 def reference(kind):
     model = windowed(kind, 0)
-    want = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=40,
+    ids = torch.tensor([PROMPT])  # an explicit mask: a token equal to pad_token_id is no padding
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
                           min_new_tokens=40, pad_token_id=0)[0, len(PROMPT):].tolist()
     return model, want
 

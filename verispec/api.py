@@ -79,6 +79,7 @@ class Engine:
             self.tokenizer = tokenizer
             self.backend = "native" if isinstance(model, NativeLlama) else "hf"
             self.weights = getattr(model, "weights_kind", "dense")
+            self.backend_note = ""
         else:
             loaded = load_target(model, backend=backend, dtype=dtype, device=device,
                                  batch_invariant=batch_invariant, weights=weights)
@@ -86,6 +87,7 @@ class Engine:
             self.tokenizer = tokenizer or loaded.tokenizer
             self.backend = loaded.backend
             self.weights = loaded.weights
+            self.backend_note = loaded.backend_note
         self._drafts: dict[str, TargetModel] = {}
 
     # -- text edges ---------------------------------------------------------
@@ -163,7 +165,8 @@ class Engine:
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
-                      adaptive=spec.adaptive and spec.proposer != "none", weights=self.weights)
+                      adaptive=spec.adaptive and spec.proposer != "none", weights=self.weights,
+                      backend=self.backend_note)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            own_timing=own_timing)
 

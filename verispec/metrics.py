@@ -38,6 +38,7 @@ class Stats:
     lossy: bool = False  # typical acceptance (SpecConfig.lossy_typical): not the model's distribution
     adaptive: bool = False  # k chosen per step (then `k` is the cap; steps hold each choice)
     weights: str = ""  # the target's weights: "quant" (GGUF blocks in the kernels) or "dense"
+    backend: str = ""  # set where --backend auto fell back to transformers, with the reason
     steps: list[StepRecord] = field(default_factory=list)
 
     def record(self, step: StepRecord) -> None:
@@ -99,6 +100,7 @@ class Stats:
             "finish_reason": self.finish_reason,
             "lossy": self.lossy,
             **({"weights": self.weights} if self.weights else {}),
+            **({"backend": self.backend} if self.backend else {}),
         }
 
     def format_line(self) -> str:
@@ -112,4 +114,5 @@ class Stats:
                 f"tokens={self.generated} tok/s={self.tokens_per_s:.1f} "
                 f"time prefill/draft/verify/other={split} ({total:.2f}s)"
                 + (f" weights={self.weights}" if self.weights else "")
+                + (f" backend={self.backend}" if self.backend else "")
                 + (" LOSSY (typical acceptance)" if self.lossy else ""))

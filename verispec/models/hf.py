@@ -37,6 +37,9 @@ class HFModel(TargetModel):
         self.device = next(model.parameters()).device
         self.eos_token_ids = frozenset(_eos_ids(model))
         self._cache_kw = _cache_kwarg(model)
+        # sdpa reads a bool mask as True = attend; eager attention (Gemma 2's softcapping,
+        # for one) adds the mask to the scores, so it needs 0 / -inf.
+        self._additive_masks = getattr(cfg, "_attn_implementation", "sdpa") != "sdpa"
 
     def new_cache(self, capacity: int | None = None) -> HFCache:
         return HFCache(self.config, self.window_slack)
@@ -71,6 +74,8 @@ class HFModel(TargetModel):
             kwargs["attention_mask"] = windowed
         elif mask is not None:
             kwargs["attention_mask"] = mask[None, None]  # [1, 1, n, start + n]
+        if self._additive_masks and "attention_mask" in kwargs:
+            kwargs["attention_mask"] = _additive(kwargs["attention_mask"], self.dtype)
         out = self.model(input_ids=tokens[None].to(self.device), **kwargs)
         hidden = tuple(out.hidden_states[layer][0] for layer in hidden_layers) if hidden_layers else ()
         return ForwardOutput(logits=out.logits[0].float(), hidden=hidden)
@@ -81,23 +86,15 @@ class HFModel(TargetModel):
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(
                 f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
-        base = self.model.base_model
-        shallow = copy.copy(self.model)
-        shallow_base = copy.copy(base)
-        # nn.Module keeps submodules in _modules; copy that dict so the swap stays local.
-        shallow._modules = dict(self.model._modules)
-        shallow_base._modules = dict(base._modules)
-        shallow_base.layers = torch.nn.ModuleList(list(base.layers)[:num_layers])
         cfg = copy.deepcopy(self.config)
         cfg.num_hidden_layers = num_layers
         for key in ("layer_types",):
             if isinstance(getattr(cfg, key, None), list):
                 setattr(cfg, key, getattr(cfg, key)[:num_layers])
-        shallow_base.config = cfg
-        shallow.config = cfg
+        shallow = _copy_along(self.model, _decoder_layers_path(self.model, self.num_layers),
+                              num_layers, cfg)
         if getattr(self.model, "generation_config", None) is not None:
             shallow.generation_config = copy.deepcopy(self.model.generation_config)
-        shallow._modules[self.model.base_model_prefix] = shallow_base
         return HFModel(shallow, name=f"{self.name}[:{num_layers}]", window_slack=self.window_slack)
 
     def weights_fingerprint(self) -> str:
@@ -107,6 +104,46 @@ class HFModel(TargetModel):
             flat = tensor.detach().float().flatten()
             digest.update(flat[:: max(1, flat.numel() // 64)][:64].numpy().tobytes())
         return digest.hexdigest()[:16]
+
+
+def _decoder_layers_path(model: PreTrainedModel, num_layers: int) -> list[str]:
+    """Attribute names from the model to its decoder layers' ModuleList: model.layers
+    (Llama family), transformer.h (GPT-2, Falcon), model.decoder.layers (OPT)."""
+    found = [name for name, module in model.named_modules()
+             if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers]
+    if not found:
+        raise ValueError(f"cannot find {type(model).__name__}'s {num_layers} decoder layers "
+                         "for a layer-skip draft")
+    return min(found, key=lambda name: name.count(".")).split(".")
+
+
+def _copy_along(model: torch.nn.Module, path: list[str], num_layers: int, cfg) -> torch.nn.Module:
+    """Shallow copies of the modules on `path`, the last one's list cut to its first
+    `num_layers`: everything else, parameters included, is shared with `model`."""
+    top = copy.copy(model)
+    parent = top
+    for name in path[:-1]:
+        # nn.Module keeps submodules in _modules; copy that dict so each swap stays local.
+        parent._modules = dict(parent._modules)
+        child = copy.copy(parent._modules[name])
+        parent._modules[name] = child
+        parent = child
+    parent._modules = dict(parent._modules)
+    parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[:num_layers])
+    node = top
+    for name in [None, *path[:-1]]:
+        node = node if name is None else node._modules[name]
+        if hasattr(node, "config"):
+            node.config = cfg
+    return top
+
+
+def _additive(mask, dtype: torch.dtype):
+    """A bool mask (or a dict of them by layer type) as scores to add: 0 or the dtype's min."""
+    if isinstance(mask, dict):
+        return {kind: _additive(m, dtype) for kind, m in mask.items()}
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return torch.where(mask, zero, torch.finfo(dtype).min)
 
 
 def _eos_ids(model: PreTrainedModel) -> set[int]:

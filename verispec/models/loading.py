@@ -178,6 +178,7 @@ class LoadedTarget:
     tokenizer: "object | None"
     backend: str  # the backend actually used: "native" or "hf"
     weights: str = "dense"  # "quant": GGUF blocks in the kernels; "dense": bf16/fp32 matrices
+    backend_note: str = ""  # why --backend auto ran transformers, for the stats line
 
 
 def gguf_source(source: str | None) -> Path | None:
@@ -282,10 +283,17 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
 
     folder = resolve_model_dir(source)
     config = json.loads((folder / "config.json").read_text())
-    native_ok = NativeLlama.supports(config)
+    from .llama_config import parse_config
+
+    try:
+        parse_config(config)
+        not_native = ""
+    except ValueError as exc:
+        not_native = str(exc)
+    native_ok = not not_native
     if backend == "native" and not native_ok:
-        raise ValueError(f"the native backend does not support model_type "
-                         f"{config.get('model_type')!r}; use --backend hf")
+        raise ValueError(f"the native backend does not support this model ({not_native}); "
+                         "use --backend hf")
     if backend == "hf" or not native_ok:
         if batch_invariant:
             raise ValueError("--batch-invariant needs the native backend")
@@ -295,8 +303,9 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
             # the law. An explicit --dtype bf16 is honoured.
             dtype = "fp32"
         loaded = load_hf(str(folder), dtype=dtype, device=device)
+        note = f"hf (not native: {not_native})" if backend == "auto" and not_native else ""
         return LoadedTarget(HFModel(loaded.model, name=source or DEFAULT_MODEL),
-                            loaded.tokenizer, "hf")
+                            loaded.tokenizer, "hf", backend_note=note)
     dev = resolve_device(device)
     target = NativeLlama.from_dir(folder, dtype=resolve_dtype(dtype, dev), device=dev,
                                   batch_invariant=batch_invariant)
