@@ -53,7 +53,7 @@ ARCHS = {
                dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                     initializer_range=0.25), "gpt2"),
 }
-NATIVE = {"llama", "qwen3"}  # windowed mistral/qwen2 run natively only up to their window
+NATIVE = {"llama", "mistral", "qwen2", "qwen3"}
 SPECS = {
     "ngram": SpecConfig("ngram", k=4),
     "self:2": SpecConfig("draft", draft="self:2", k=4),
@@ -126,7 +126,7 @@ def test_prompt_ids_and_the_backend_on_the_stats_line(arch):
         want = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
         assert engine.encode_messages(MESSAGES) == list(want["input_ids"])
     line = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2)).stats.format_line()
-    if name in NATIVE or name in ("mistral", "qwen2"):
+    if name in NATIVE:
         assert engine.backend == "native" and "backend=" not in line
     else:
         assert engine.backend == "hf" and "backend=hf (not native:" in line

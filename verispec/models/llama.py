@@ -64,6 +64,8 @@ class NativeLlama(TargetModel):
         self.name = name
         self.batch_invariant = batch_invariant
         self.cache_limit = cache_limit
+        self._sliding = spec.sliding_layers[: self.num_layers] if any(
+            spec.sliding_layers[: self.num_layers]) else ()
         self._heads, self._kv_heads, self._head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self._cos, self._sin = (t.to(device) for t in
                                 rope_tables(spec.rope, spec.head_dim, self.max_context, dtype))
@@ -230,11 +232,17 @@ class NativeLlama(TargetModel):
             for it, s, n in zip(items, starts, sizes)])
         cos, sin = self._cos[positions], self._sin[positions]  # [rows, head_dim]
         plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
+        plans = [plan] * self.num_layers
+        if self._sliding:
+            local = RowPlan.build([(s, n, self._window_mask(s, n, it.positions, it.mask))
+                                   for it, s, n in zip(items, starts, sizes)])
+            plans = [local if slides else plan for slides in self._sliding]
         wanted = set().union(*(it.hidden_layers for it in items))
         last = self.num_layers
         x, captured = self._through_layers(
             tokens, wanted,
-            lambda index, layer, x: self._row_layer(layer, index, x, items, starts, offsets, cos, sin, plan))
+            lambda index, layer, x: self._row_layer(layer, index, x, items, starts, offsets, cos, sin,
+                                                    plans[index]))
         counts = [n if it.num_logits is None else it.num_logits for it, n in zip(items, sizes)]
         head_rows = torch.cat([torch.arange(o + n - c, o + n) for o, n, c in zip(offsets, sizes, counts)])
         if last in wanted:
@@ -328,14 +336,21 @@ class NativeLlama(TargetModel):
             tokens, cos, sin = (_pad_rows(t, rows) for t in (tokens, cos, sin))
         # Blocks attend row by row so verification equals plain decoding bit for
         # bit; with _linear's padded fp32 GEMMs this holds in fp32 too.
-        attn_mask = AttentionMask.build(mask, start, n, rows, self._heads // self._kv_heads,
-                                        self.device, self.batch_invariant, rowwise=True)
+        groups = self._heads // self._kv_heads
+        attn_mask = AttentionMask.build(mask, start, n, rows, groups, self.device,
+                                        self.batch_invariant, rowwise=True)
+        masks = [attn_mask] * self.num_layers
+        if self._sliding:
+            local = AttentionMask.build(self._window_mask(start, n, positions, mask), start, n, rows,
+                                        groups, self.device, self.batch_invariant, rowwise=True)
+            masks = [local if slides else attn_mask for slides in self._sliding]
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
         wanted = set(hidden_layers)
         last = self.num_layers
         x, captured = self._through_layers(
             tokens, wanted,
-            lambda index, layer, x: self._layer(layer, index, x, cache, cos, sin, attn_mask, start, n))
+            lambda index, layer, x: self._layer(layer, index, x, cache, cos, sin, masks[index],
+                                                start, n))
         x = x[:n]
         if last in wanted:
             x = self._norm(x, self.weights.norm)
@@ -349,6 +364,24 @@ class NativeLlama(TargetModel):
             logits = self._head(head_in)
         hidden = tuple(captured[layer][:n] for layer in hidden_layers)
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _window_mask(self, start: int, n: int, positions: torch.Tensor | None,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+        """[n, start + n] bool: what the caller's mask (or causal) allows, within the window.
+
+        A row at position p sees slot s iff p - position(s) < sliding_window, as in
+        transformers' sliding mask. Committed slots hold their own position and new
+        ones the positions given (a tree node's depth), so the set of keys a row
+        sees, and their order, is the one it has decoded alone: row invariance holds.
+        """
+        rows = (self._arange[start:start + n] if positions is None
+                else positions.to(self.device))
+        if mask is None:
+            mask = self._arange[None, : start + n] <= self._arange[start:start + n, None]
+        else:
+            mask = mask.to(device=self.device, dtype=torch.bool)
+        slots = torch.cat((self._arange[:start], rows))  # each slot's position
+        return mask & (rows[:, None] - slots[None, :] < self.spec.sliding_window)
 
     def _through_layers(self, tokens: torch.Tensor, wanted: set[int], step
                         ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:

@@ -45,13 +45,12 @@ class LlamaSpec:
     mlp_bias: bool
     qk_norm: bool
     sliding_window: int | None  # None: full attention at every length
+    # Per layer, True where it attends to the last sliding_window positions only
+    # (Mistral: every layer; Qwen2: those from max_window_layers on); () without a window.
+    sliding_layers: tuple[bool, ...] = ()
 
     @property
     def max_context(self) -> int:
-        # Within one window, sliding-window attention equals full attention, so
-        # capping the context at the window keeps this backend exact without a window mask.
-        if self.sliding_window is not None:
-            return min(self.max_position, self.sliding_window)
         return self.max_position
 
 
@@ -81,12 +80,25 @@ def parse_config(config: dict) -> LlamaSpec:
     if model_type in ("qwen2", "qwen3") and not config.get("use_sliding_window", False):
         window = None
     attention_bias = bool(config.get("attention_bias", False))
+    num_layers = int(config["num_hidden_layers"])
+    sliding: tuple[bool, ...] = ()
+    if window:
+        types = config.get("layer_types")
+        if isinstance(types, list) and len(types) == num_layers:
+            sliding = tuple(kind == "sliding_attention" for kind in types)
+        elif model_type == "qwen2":
+            first = int(config.get("max_window_layers", num_layers))
+            sliding = tuple(i >= first for i in range(num_layers))
+        else:
+            sliding = (True,) * num_layers
+        if not any(sliding):
+            window, sliding = None, ()
     return LlamaSpec(
         model_type=model_type,
         vocab_size=int(config["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(config["intermediate_size"]),
-        num_layers=int(config["num_hidden_layers"]),
+        num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(head_dim),
@@ -99,6 +111,7 @@ def parse_config(config: dict) -> LlamaSpec:
         mlp_bias=bool(config.get("mlp_bias", False)),
         qk_norm=model_type == "qwen3",
         sliding_window=int(window) if window else None,
+        sliding_layers=sliding,
     )
 
 

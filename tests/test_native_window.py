@@ -1,0 +1,82 @@
+"""Sliding-window layers on the native backend (Mistral's sliding_window,
+Qwen2's use_sliding_window from max_window_layers on), past the window: logits
+match transformers in fp32, and row invariance holds bit for bit in blocks,
+trees and batches, so every proposer's greedy output equals plain decoding."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_native import _check_batch_invariance, _max_diff, _tokens
+from test_native_batch import _batch_items, _solo, _without_kernels
+from test_sliding_window import PROMPT, windowed
+from verispec import Engine, SamplingParams, SpecConfig, kernels
+from verispec.models.hf import HFModel
+from verispec.models.llama import NativeLlama
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="verispec kernels unavailable")
+
+
+def _native(tmp_path, kind: str, dtype=torch.float32, seed: int = 0, **options):
+    folder = tmp_path / f"{kind}-{seed}"
+    if not folder.exists():
+        windowed(kind, seed).save_pretrained(folder)
+    return NativeLlama.from_dir(folder, dtype, **options)
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_window_layers_and_logits_match_transformers(tmp_path, kind):
+    native = _native(tmp_path, kind)
+    assert native.spec.sliding_window == 8 and native.max_context == 512
+    assert native.spec.sliding_layers == ((True,) * 4 if kind == "mistral"
+                                          else (False, False, True, True))
+    hf = HFModel(windowed(kind, 0))
+    tokens = _tokens(60, vocab=native.vocab_size)
+    hc, nc = hf.new_cache(), native.new_cache()
+    assert _max_diff(hf.forward(tokens[:30], hc).logits, native.forward(tokens[:30], nc).logits) < 1e-4
+    for n, keep in [(1, 1), (5, 2), (4, 4), (6, 1)]:  # blocks and rollbacks past the window
+        start = nc.length
+        a = hf.forward(tokens[start:start + n], hc)
+        b = native.forward(tokens[start:start + n], nc)
+        assert _max_diff(a.logits, b.logits) < 1e-4
+        hc.truncate(start + keep)
+        nc.truncate(start + keep)
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+@pytest.mark.parametrize("dtype, invariant", [(torch.bfloat16, False), (torch.float32, True)])
+def test_blocks_and_batches_past_the_window_are_bit_exact(tmp_path, kind, dtype, invariant):
+    native = _native(tmp_path, kind, dtype, batch_invariant=invariant)
+    _check_batch_invariance(native, context=20, max_block=6)
+    items, contexts = _batch_items(native)  # contexts 0, 30, 17, 9 against a window of 8
+    batched = native.forward_batch(items)
+    for b, s in zip(batched, _solo(native, items, contexts)):
+        assert torch.equal(b.logits, s.logits)
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_without_kernels_the_window_holds(tmp_path, kind):
+    native = _without_kernels(_native(tmp_path, kind))
+    reference = _native(tmp_path, kind)
+    tokens = _tokens(40, vocab=native.vocab_size)
+    a = native.forward(tokens, native.new_cache()).logits
+    b = reference.forward(tokens, reference.new_cache()).logits
+    assert _max_diff(a, b) < 1e-4
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_every_proposer_equals_plain_native_bf16(tmp_path, kind):
+    native = _native(tmp_path, kind, torch.bfloat16)
+    engine = Engine(native)
+    engine._drafts["random"] = _native(tmp_path, kind, torch.bfloat16, seed=1)
+    fixed = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    plain = engine.generate(PROMPT, fixed, SpecConfig("none")).token_ids
+    for spec in (SpecConfig("ngram", k=4), SpecConfig("draft", draft="self:2", k=4),
+                 SpecConfig("draft", draft="random", k=5),
+                 SpecConfig("draft", draft="self:2", k=4, tree=12, tree_shape="topb",
+                            tree_branch=3)):
+        out = engine.generate(PROMPT, fixed, spec)
+        assert out.token_ids == plain, spec
+        assert out.stats.drafted > out.stats.accepted
