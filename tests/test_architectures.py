@@ -39,7 +39,7 @@ ARCHS = {
                dict(_DECODER, head_dim=16, sliding_window=WINDOW), "gemma"),
     "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
                dict(_DECODER, head_dim=16, sliding_window=WINDOW), "gemma"),
-    "phi3": (T.Phi3Config, T.Phi3ForCausalLM, dict(_DECODER), "llama"),
+    "phi3": (T.Phi3Config, T.Phi3ForCausalLM, dict(_DECODER, sliding_window=WINDOW), "llama"),
     "gpt2": (T.GPT2Config, T.GPT2LMHeadModel,
              dict(n_embd=64, n_layer=4, n_head=4, n_positions=512, initializer_range=0.25), "gpt2"),
     "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM,
@@ -53,7 +53,7 @@ ARCHS = {
                dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                     initializer_range=0.25), "gpt2"),
 }
-NATIVE = {"llama", "mistral", "qwen2", "qwen3"}
+NATIVE = {"llama", "mistral", "qwen2", "qwen3", "phi3"}
 SPECS = {
     "ngram": SpecConfig("ngram", k=4),
     "self:2": SpecConfig("draft", draft="self:2", k=4),

@@ -1,5 +1,5 @@
-"""Sliding-window layers on the native backend (Mistral's sliding_window,
-Qwen2's use_sliding_window from max_window_layers on), past the window: logits
+"""Sliding-window layers on the native backend (Mistral's and Phi-3's
+sliding_window, Qwen2's use_sliding_window from max_window_layers on), past the window: logits
 match transformers in fp32, and row invariance holds bit for bit in blocks,
 trees and batches, so every proposer's greedy output equals plain decoding."""
 from __future__ import annotations
@@ -24,12 +24,12 @@ def _native(tmp_path, kind: str, dtype=torch.float32, seed: int = 0, **options):
     return NativeLlama.from_dir(folder, dtype, **options)
 
 
-@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "phi3"])
 def test_window_layers_and_logits_match_transformers(tmp_path, kind):
     native = _native(tmp_path, kind)
     assert native.spec.sliding_window == 8 and native.max_context == 512
-    assert native.spec.sliding_layers == ((True,) * 4 if kind == "mistral"
-                                          else (False, False, True, True))
+    assert native.spec.sliding_layers == ((False, False, True, True) if kind == "qwen2"
+                                          else (True,) * 4)
     hf = HFModel(windowed(kind, 0))
     tokens = _tokens(60, vocab=native.vocab_size)
     hc, nc = hf.new_cache(), native.new_cache()
@@ -44,7 +44,7 @@ def test_window_layers_and_logits_match_transformers(tmp_path, kind):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "phi3"])
 @pytest.mark.parametrize("dtype, invariant", [(torch.bfloat16, False), (torch.float32, True)])
 def test_blocks_and_batches_past_the_window_are_bit_exact(tmp_path, kind, dtype, invariant):
     native = _native(tmp_path, kind, dtype, batch_invariant=invariant)
@@ -55,7 +55,7 @@ def test_blocks_and_batches_past_the_window_are_bit_exact(tmp_path, kind, dtype,
         assert torch.equal(b.logits, s.logits)
 
 
-@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "phi3"])
 def test_without_kernels_the_window_holds(tmp_path, kind):
     native = _without_kernels(_native(tmp_path, kind))
     reference = _native(tmp_path, kind)
@@ -66,7 +66,7 @@ def test_without_kernels_the_window_holds(tmp_path, kind):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "phi3"])
 def test_every_proposer_equals_plain_native_bf16(tmp_path, kind):
     native = _native(tmp_path, kind, torch.bfloat16)
     engine = Engine(native)

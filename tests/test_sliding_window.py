@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.models.hf import HFModel
@@ -23,6 +24,8 @@ def windowed(kind: str, seed: int):
               bos_token_id=None, pad_token_id=None)
     if kind == "mistral":  # every layer slides
         return MistralForCausalLM(MistralConfig(**kw)).eval()
+    if kind == "phi3":  # every layer slides (Phi-3-mini's window is 2047), fused q/k/v and gate/up
+        return Phi3ForCausalLM(Phi3Config(**kw)).eval()
     # Qwen2: layers from max_window_layers on slide, the first ones attend to everything.
     return Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, max_window_layers=2, **kw)).eval()
 

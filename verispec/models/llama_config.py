@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 

@@ -242,14 +242,18 @@ def load_weights(folder: Path, spec: LlamaSpec, dtype: torch.dtype,
     layers = []
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
-        qkv_w = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        # Phi-3 checkpoints store q/k/v and gate/up already fused, in the same order.
+        fused = spec.model_type == "phi3"
+        qkv_w = (take(p + "self_attn.qkv_proj.weight") if fused
+                 else torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
         qkv_b = (torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
                  if spec.qkv_bias else None)
         qk_norm = None
         if spec.qk_norm:
             qk_norm = torch.cat([take(p + "self_attn.q_norm.weight")[None].expand(spec.num_heads, -1),
                                  take(p + "self_attn.k_norm.weight")[None].expand(spec.num_kv_heads, -1)])
-        gate_up_w = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+        gate_up_w = (take(p + "mlp.gate_up_proj.weight") if fused
+                     else torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]))
         gate_up_b = (torch.cat([take(p + "mlp.gate_proj.bias"), take(p + "mlp.up_proj.bias")])
                      if spec.mlp_bias else None)
         layers.append(LayerWeights(
