@@ -15,6 +15,7 @@ import torch
 import transformers as T
 from scipy.stats import chisquare
 
+from test_sliding_window import GEMMA3_LAYERS
 from tokenizer_support import MESSAGES, TEXTS, family_tokenizer
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.models.hf import HFModel
@@ -38,7 +39,8 @@ ARCHS = {
     "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM,
                dict(_DECODER, head_dim=16, sliding_window=WINDOW), "gemma"),
     "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
-               dict(_DECODER, head_dim=16, sliding_window=WINDOW), "gemma"),
+               dict(_DECODER, head_dim=16, sliding_window=WINDOW, layer_types=GEMMA3_LAYERS),
+               "gemma"),
     "phi3": (T.Phi3Config, T.Phi3ForCausalLM, dict(_DECODER, sliding_window=WINDOW), "llama"),
     "gpt2": (T.GPT2Config, T.GPT2LMHeadModel,
              dict(n_embd=64, n_layer=4, n_head=4, n_positions=512, initializer_range=0.25), "gpt2"),
@@ -53,7 +55,7 @@ ARCHS = {
                dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                     initializer_range=0.25), "gpt2"),
 }
-NATIVE = {"llama", "mistral", "qwen2", "qwen3", "phi3"}
+NATIVE = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
 SPECS = {
     "ngram": SpecConfig("ngram", k=4),
     "self:2": SpecConfig("draft", draft="self:2", k=4),

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import (MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM)
 
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.models.hf import HFModel
 
 WINDOW = 8
+# Gemma 3's 5:1 pattern cut to four layers, with a global layer among them.
+GEMMA3_LAYERS = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
 VOCAB = 96
 
 
@@ -24,6 +27,10 @@ def windowed(kind: str, seed: int):
               bos_token_id=None, pad_token_id=None)
     if kind == "mistral":  # every layer slides
         return MistralForCausalLM(MistralConfig(**kw)).eval()
+    if kind == "gemma2":  # sliding and full layers alternate; soft-capping
+        return Gemma2ForCausalLM(Gemma2Config(head_dim=16, **kw)).eval()
+    if kind == "gemma3":  # five sliding layers to one full, each kind its own RoPE base
+        return Gemma3ForCausalLM(Gemma3TextConfig(head_dim=16, layer_types=GEMMA3_LAYERS, **kw)).eval()
     if kind == "phi3":  # every layer slides (Phi-3-mini's window is 2047), fused q/k/v and gate/up
         return Phi3ForCausalLM(Phi3Config(**kw)).eval()
     # Qwen2: layers from max_window_layers on slide, the first ones attend to everything.

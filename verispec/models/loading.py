@@ -279,17 +279,16 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     from transformers import AutoTokenizer
 
     from .hf import HFModel
-    from .llama import NativeLlama
 
     folder = resolve_model_dir(source)
     config = json.loads((folder / "config.json").read_text())
-    from .llama_config import parse_config
+    from .gemma import native_class
 
     try:
-        parse_config(config)
+        native = native_class(config)
         not_native = ""
     except ValueError as exc:
-        not_native = str(exc)
+        native, not_native = None, str(exc)
     native_ok = not not_native
     if backend == "native" and not native_ok:
         raise ValueError(f"the native backend does not support this model ({not_native}); "
@@ -307,8 +306,8 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         return LoadedTarget(HFModel(loaded.model, name=source or DEFAULT_MODEL),
                             loaded.tokenizer, "hf", backend_note=note)
     dev = resolve_device(device)
-    target = NativeLlama.from_dir(folder, dtype=resolve_dtype(dtype, dev), device=dev,
-                                  batch_invariant=batch_invariant)
+    target = native.from_dir(folder, dtype=resolve_dtype(dtype, dev), device=dev,
+                             batch_invariant=batch_invariant)
     tokenizer = None
     if any((folder / name).exists() for name in _TOKENIZER_FILES):
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
