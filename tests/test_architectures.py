@@ -135,11 +135,13 @@ def test_prompt_ids_and_the_backend_on_the_stats_line(arch):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["hf", "native"])
 @pytest.mark.parametrize("name", ["mistral", "gemma2"])
-def test_sampled_output_follows_the_target_past_the_window(name):
+def test_sampled_output_follows_the_target_past_the_window(tmp_path, name, backend):
     """2000 seeded three-token requests at T = 2 on a vocab-8 windowed model,
     prompt three windows long, a random draft of k = 2: the first and second
-    tokens' marginals pass chi-square against transformers' exact ones."""
+    tokens' marginals pass chi-square against the exact ones (transformers' for
+    hf, the native model's own full forward for native)."""
     vocab, runs, temperature = 8, 2000, 2.0
     fields = dict(ARCHS[name][2], sliding_window=4)
     config_class, model_class = ARCHS[name][:2]
@@ -150,13 +152,24 @@ def test_sampled_output_follows_the_target_past_the_window(name):
                                         pad_token_id=None, **fields)).eval()
 
     model = make(0)
-    engine = Engine(HFModel(model, name))
-    engine._drafts["random"] = HFModel(make(1), "random")
+    if backend == "hf":
+        engine = Engine(HFModel(model, name))
+        engine._drafts["random"] = HFModel(make(1), "random")
+    else:
+        model.save_pretrained(tmp_path / "target")
+        make(1).save_pretrained(tmp_path / "draft")
+        engine = Engine(str(tmp_path / "target"), backend="native", dtype="fp32")
+        engine._drafts["random"] = Engine(str(tmp_path / "draft"), backend="native",
+                                          dtype="fp32").target
     prompt = [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]
 
     @torch.inference_mode()
     def next_probs(tokens):
-        logits = model(torch.tensor([tokens])).logits[0, -1]
+        if backend == "hf":
+            logits = model(torch.tensor([tokens])).logits[0, -1]
+        else:
+            target = engine.target
+            logits = target.forward(torch.tensor(tokens), target.new_cache()).logits[-1]
         return (logits / temperature).softmax(-1).double().numpy()
 
     first = next_probs(prompt)
