@@ -88,3 +88,62 @@ def test_every_proposer_equals_plain_native_bf16(tmp_path, kind):
         assert out.token_ids == plain, spec
         drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
     assert drafted > accepted  # rejected drafts rolled back past the window
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["mistral", "phi3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bounded_window_cache_gives_the_same_bits(tmp_path, kind, dtype):
+    """Every layer slides: the cache holds window - 1 + 2 * block positions and
+    shifts, yet plain decoding and every proposer give the bits of the full cache."""
+    full = _native(tmp_path, kind, dtype)
+    bounded = _native(tmp_path, kind, dtype)
+    bounded.window_block = 16
+    cache = bounded.new_cache(200)
+    assert type(cache).__name__ == "WindowKVCache" and cache.kv.shape[3] == 8 - 1 + 32
+    assert type(full.new_cache(200)).__name__ == "StaticKVCache"
+    tokens = _tokens(120, vocab=full.vocab_size)
+    want = full.forward(tokens, full.new_cache(200)).logits
+    got = bounded.forward(tokens, cache).logits  # a prefill in pieces, shifting
+    assert cache.offset > 0 and cache.length == 120
+    assert torch.equal(got, want) if dtype == torch.bfloat16 else _max_diff(got, want) < 1e-4
+    with pytest.raises(ValueError, match="cannot roll a sliding-window cache back"):
+        cache.truncate(cache.offset + 3)
+    fixed = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    plain = Engine(full).generate(PROMPT, fixed, SpecConfig("none")).token_ids
+    engine = Engine(bounded)
+    draft = _native(tmp_path, kind, dtype, seed=1)
+    draft.window_block = 16
+    engine._drafts["random"] = draft
+    assert type(engine.load_draft("self:2").new_cache(200)).__name__ == "WindowKVCache"
+    for spec in (SpecConfig("none"), SpecConfig("ngram", k=4),
+                 SpecConfig("draft", draft="self:2", k=4), SpecConfig("draft", draft="random", k=5),
+                 SpecConfig("draft", draft="self:2", k=4, tree=12, tree_shape="topb",
+                            tree_branch=3)):
+        assert engine.generate(PROMPT, fixed, spec).token_ids == plain, spec
+
+
+@needs_kernels
+def test_batch_over_shifted_window_caches_equals_each_alone(tmp_path):
+    from verispec.models.base import BatchItem
+
+    native = _native(tmp_path, "mistral", torch.bfloat16)
+    native.window_block = 16
+    contexts = [40, 50, 45]
+    caches = []
+    for i, length in enumerate(contexts):
+        cache = native.new_cache(200)
+        native.forward(_tokens(length, seed=20 + i, vocab=native.vocab_size), cache)
+        assert cache.offset > 0  # shifted: slots no longer equal positions
+        caches.append(cache)
+    start = contexts[2]
+    mask = torch.zeros(3, start + 3, dtype=torch.bool)
+    mask[:, :start] = True
+    mask[0, start] = mask[1, start + 1] = mask[2, start] = mask[2, start + 2] = True
+    items = [BatchItem(_tokens(1, seed=1, vocab=native.vocab_size), caches[0]),
+             BatchItem(_tokens(5, seed=2, vocab=native.vocab_size), caches[1]),
+             BatchItem(_tokens(3, seed=3, vocab=native.vocab_size), caches[2],
+                       positions=torch.tensor([start, start, start + 1]), mask=mask)]
+    batched = native.forward_batch(items)
+    for b, s in zip(batched, _solo(native, items, contexts)):
+        assert torch.equal(b.logits, s.logits)

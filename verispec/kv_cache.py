@@ -87,3 +87,65 @@ class StaticKVCache:
             kept = self.kv.index_select(3, keep)  # [layers, 2, kv_heads, count, head_dim]
             self.kv[:, :, :, start:start + count] = kept
         self._length = start + count
+
+
+class WindowKVCache(StaticKVCache):
+    """A StaticKVCache for a model whose every layer attends to a sliding window:
+    it holds only the last window - 1 + 2 * block positions, so memory stays
+    bounded however long the context grows.
+
+    Slot s holds position offset + s, slots stay contiguous and in position
+    order (the attention kernels' prefix and index contracts are unchanged);
+    when a new block would not fit, the oldest positions are dropped by one
+    shift that keeps window - 1 + block of them. `length` and every argument
+    are positions, as for StaticKVCache. Invariant: a rollback of up to `block`
+    positions, and any block of up to `block` new positions, find every key
+    their rows can see.
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, window: int,
+                 block: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 align: int = 1) -> None:
+        self.window, self.block = int(window), int(block)
+        super().__init__(num_layers, num_kv_heads, head_dim, self.window - 1 + 2 * self.block,
+                         dtype, device, align)
+        self.offset = 0  # the position slot 0 holds
+
+    @property
+    def length(self) -> int:
+        return self.offset + self._length
+
+    def make_room(self, n: int) -> None:
+        """Shift out the oldest positions if n more would not fit (n <= block)."""
+        if n > self.block:
+            raise ValueError(f"a block of {n} positions exceeds this sliding-window cache's "
+                             f"block of {self.block}")
+        if self._length + n <= self.capacity:
+            return
+        keep = self.window - 1 + self.block
+        drop = self._length - keep
+        self.kv[:, :, :, :keep] = self.kv[:, :, :, drop:self._length].clone()
+        self.offset += drop
+        self._length = keep
+
+    def reserve(self, n: int) -> int:
+        self.make_room(n)
+        return self.offset + super().reserve(n)
+
+    def truncate(self, length: int) -> None:
+        if length < 0:
+            raise ValueError(f"cannot truncate a cache to a negative length ({length})")
+        if self.offset and length < self.offset + self.window - 1:
+            raise ValueError(
+                f"cannot roll a sliding-window cache back to {length}: it holds positions from "
+                f"{self.offset} on and the next token needs the {self.window - 1} before it "
+                f"(rollbacks deeper than its block of {self.block} are not supported)")
+        self._length = min(self._length, int(length) - self.offset)
+
+    def layer(self, index: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().layer(index, end - self.offset)
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        if start < self.offset:
+            raise ValueError(f"compact start {start} is before the cached window ({self.offset})")
+        super().compact(start - self.offset, keep.flatten().to(torch.long) - self.offset)

@@ -177,9 +177,11 @@ class NativeGemma(NativeLlama):
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(
                 f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
-        return NativeGemma(self.spec, self.gemma, self.weights, self.norms, self.dtype,
-                           self.device, self.eos_token_ids, name=f"{self.name}[:{num_layers}]",
-                           num_layers=num_layers, cache_limit=self.cache_limit)
+        draft = NativeGemma(self.spec, self.gemma, self.weights, self.norms, self.dtype,
+                            self.device, self.eos_token_ids, name=f"{self.name}[:{num_layers}]",
+                            num_layers=num_layers, cache_limit=self.cache_limit)
+        draft.window_block = self.window_block
+        return draft
 
     def quantized_draft(self, fmt: str, num_layers: int | None = None):
         raise ValueError("quantized self-drafts are not implemented for Gemma")

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from ..kv_cache import StaticKVCache
+from ..kv_cache import StaticKVCache, WindowKVCache
 from .base import BatchItem, ForwardOutput, TargetModel
 from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, RowPlan, attend,
                               invariant_attend, rowwise_attend)
@@ -44,6 +44,9 @@ from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, loa
 
 DEFAULT_CACHE_LIMIT = 4096  # positions; bounds a request's cache memory when the model allows more
 INVARIANT_SLICE = 128  # rows per piece of a long batch-invariant forward
+# Sliding-window models: the largest block (prefill piece, verification block, tree) and
+# rollback a WindowKVCache takes; it holds window - 1 + 2 * this many positions.
+DEFAULT_WINDOW_BLOCK = 256
 
 
 class NativeLlama(TargetModel):
@@ -66,6 +69,7 @@ class NativeLlama(TargetModel):
         self.cache_limit = cache_limit
         self._sliding = spec.sliding_layers[: self.num_layers] if any(
             spec.sliding_layers[: self.num_layers]) else ()
+        self.window_block = DEFAULT_WINDOW_BLOCK
         self._heads, self._kv_heads, self._head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self._cos, self._sin = (t.to(device) for t in
                                 rope_tables(spec.rope, spec.head_dim, self.max_context, dtype))
@@ -135,8 +139,13 @@ class NativeLlama(TargetModel):
             raise ValueError(f"cache capacity {capacity} exceeds {self.name}'s max_context "
                              f"{self.max_context}")
         # Batch-invariant attention reads whole key tiles, so the buffer ends on a tile edge.
+        align = KEY_TILE if self.batch_invariant else 1
+        window = self.spec.sliding_window
+        if self._sliding and all(self._sliding) and capacity > window - 1 + 2 * self.window_block:
+            return WindowKVCache(self.num_layers, self._kv_heads, self._head_dim, window,
+                                 self.window_block, self.dtype, self.device, align=align)
         return StaticKVCache(self.num_layers, self._kv_heads, self._head_dim, capacity,
-                             self.dtype, self.device, align=KEY_TILE if self.batch_invariant else 1)
+                             self.dtype, self.device, align=align)
 
     def truncated(self, num_layers: int) -> "NativeLlama":
         """The first `num_layers` decoder layers plus the final norm and LM head,
@@ -144,9 +153,11 @@ class NativeLlama(TargetModel):
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(
                 f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
-        return NativeLlama(self.spec, self.weights, self.dtype, self.device, self.eos_token_ids,
-                           name=f"{self.name}[:{num_layers}]", num_layers=num_layers,
-                           batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+        draft = NativeLlama(self.spec, self.weights, self.dtype, self.device, self.eos_token_ids,
+                            name=f"{self.name}[:{num_layers}]", num_layers=num_layers,
+                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+        draft.window_block = self.window_block
+        return draft
 
     def quantized_draft(self, fmt: str, num_layers: int | None = None) -> "NativeLlama":
         """A self-draft: this model's first `num_layers` layers (all by default)
@@ -159,9 +170,11 @@ class NativeLlama(TargetModel):
                              f"got {layers}")
         weights = quantized_draft_weights(self, fmt, layers)
         cut = f"[:{layers}]" if layers < self.num_layers else ""
-        return NativeLlama(self.spec, weights, self.dtype, self.device, self.eos_token_ids,
-                           name=f"{self.name}~{fmt}{cut}", num_layers=layers,
-                           batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+        draft = NativeLlama(self.spec, weights, self.dtype, self.device, self.eos_token_ids,
+                            name=f"{self.name}~{fmt}{cut}", num_layers=layers,
+                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+        draft.window_block = self.window_block
+        return draft
 
     def weights_fingerprint(self) -> str:
         return fingerprint(self.weights.fingerprint_parts, self.num_layers)
@@ -181,6 +194,8 @@ class NativeLlama(TargetModel):
         num_logits=None returns logits for all n positions, 0 for none (a prefill
         that needs no distribution skips the LM head).
         """
+        if isinstance(cache, WindowKVCache) and tokens.shape[0] > cache.block:
+            return self._forward_pieces(tokens, cache, positions, mask, num_logits, hidden_layers)
         if self.row_kernels:
             return self.forward_batch([BatchItem(tokens, cache, positions, mask, num_logits,
                                                  tuple(hidden_layers))])[0]
@@ -190,12 +205,43 @@ class NativeLlama(TargetModel):
         start = cache.reserve(n)
         num_logits = n if num_logits is None else num_logits
         try:
+            slot, positions, mask = self._slots(cache, start, n, positions, mask)
             if self.batch_invariant and mask is None and positions is None and n > INVARIANT_SLICE:
-                return self._run_sliced(tokens, cache, start, num_logits, tuple(hidden_layers))
-            return self._run(tokens, cache, start, positions, mask, num_logits, tuple(hidden_layers))
+                return self._run_sliced(tokens, cache, slot, num_logits, tuple(hidden_layers))
+            return self._run(tokens, cache, slot, positions, mask, num_logits, tuple(hidden_layers))
         except BaseException:
             cache.truncate(start)
             raise
+
+    def _slots(self, cache, start: int, n: int, positions: torch.Tensor | None,
+               mask: torch.Tensor | None):
+        """A block reserved at position `start` in cache coordinates: the slot it starts
+        at, its positions and its mask's columns (they differ once a WindowKVCache shifted)."""
+        offset = getattr(cache, "offset", 0)
+        if not offset:
+            return start, positions, mask
+        if positions is None:
+            positions = self._arange[start:start + n]
+        if mask is not None:
+            mask = mask[:, offset:]  # the dropped positions are outside every row's window
+        return start - offset, positions, mask
+
+    def _forward_pieces(self, tokens, cache: WindowKVCache, positions, mask, num_logits,
+                        hidden_layers) -> ForwardOutput:
+        """A prefill longer than a WindowKVCache's block, as consecutive causal pieces."""
+        if positions is not None or mask is not None:
+            raise ValueError(f"a block of {tokens.shape[0]} positions with a mask exceeds this "
+                             f"sliding-window cache's block of {cache.block}")
+        n = tokens.shape[0]
+        num_logits = n if num_logits is None else num_logits
+        parts = []
+        for a in range(0, n, cache.block):
+            b = min(n, a + cache.block)
+            wanted = max(0, b - max(a, n - num_logits))
+            parts.append(self.forward(tokens[a:b], cache, num_logits=wanted,
+                                      hidden_layers=hidden_layers))
+        hidden = tuple(torch.cat([p.hidden[i] for p in parts]) for i in range(len(hidden_layers)))
+        return ForwardOutput(logits=torch.cat([p.logits for p in parts]), hidden=hidden)
 
     @torch.inference_mode()
     def forward_batch(self, items: Sequence[BatchItem]) -> list[ForwardOutput]:
@@ -213,11 +259,18 @@ class NativeLlama(TargetModel):
             raise ValueError("each item of a batch needs its own cache")
         for it in items:
             self._check(it.tokens, it.cache, it.positions, it.mask, it.num_logits, it.hidden_layers)
+        if any(isinstance(it.cache, WindowKVCache) and it.tokens.shape[0] > it.cache.block
+               for it in items):
+            return super().forward_batch(items)  # the long prefill goes in pieces
         starts: list[int] = []
         try:
             for it in items:
                 starts.append(it.cache.reserve(it.tokens.shape[0]))
-            return self._run_rows(items, starts)
+            slotted = [self._slots(it.cache, start, it.tokens.shape[0], it.positions, it.mask)
+                       for it, start in zip(items, starts)]
+            return self._run_rows(
+                [BatchItem(it.tokens, it.cache, pos, mask, it.num_logits, it.hidden_layers)
+                 for it, (_, pos, mask) in zip(items, slotted)], [slot for slot, _, _ in slotted])
         except BaseException:
             for it, start in zip(items, starts):
                 it.cache.truncate(start)
@@ -234,7 +287,8 @@ class NativeLlama(TargetModel):
         plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
         plans = [plan] * self.num_layers
         if self._sliding:
-            local = RowPlan.build([(s, n, self._window_mask(s, n, it.positions, it.mask))
+            local = RowPlan.build([(s, n, self._window_mask(s, n, it.positions, it.mask,
+                                                            getattr(it.cache, "offset", 0)))
                                    for it, s, n in zip(items, starts, sizes)])
             plans = [local if slides else plan for slides in self._sliding]
         wanted = set().union(*(it.hidden_layers for it in items))
@@ -341,8 +395,9 @@ class NativeLlama(TargetModel):
                                         self.batch_invariant, rowwise=True)
         masks = [attn_mask] * self.num_layers
         if self._sliding:
-            local = AttentionMask.build(self._window_mask(start, n, positions, mask), start, n, rows,
-                                        groups, self.device, self.batch_invariant, rowwise=True)
+            window_mask = self._window_mask(start, n, positions, mask, getattr(cache, "offset", 0))
+            local = AttentionMask.build(window_mask, start, n, rows, groups, self.device,
+                                        self.batch_invariant, rowwise=True)
             masks = [local if slides else attn_mask for slides in self._sliding]
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
         wanted = set(hidden_layers)
@@ -366,7 +421,7 @@ class NativeLlama(TargetModel):
         return ForwardOutput(logits=logits, hidden=hidden)
 
     def _window_mask(self, start: int, n: int, positions: torch.Tensor | None,
-                     mask: torch.Tensor | None) -> torch.Tensor:
+                     mask: torch.Tensor | None, offset: int = 0) -> torch.Tensor:
         """[n, start + n] bool: what the caller's mask (or causal) allows, within the window.
 
         A row at position p sees slot s iff p - position(s) < sliding_window, as in
@@ -374,13 +429,13 @@ class NativeLlama(TargetModel):
         ones the positions given (a tree node's depth), so the set of keys a row
         sees, and their order, is the one it has decoded alone: row invariance holds.
         """
-        rows = (self._arange[start:start + n] if positions is None
+        rows = (self._arange[offset + start:offset + start + n] if positions is None
                 else positions.to(self.device))
         if mask is None:
             mask = self._arange[None, : start + n] <= self._arange[start:start + n, None]
         else:
             mask = mask.to(device=self.device, dtype=torch.bool)
-        slots = torch.cat((self._arange[:start], rows))  # each slot's position
+        slots = torch.cat((self._arange[offset:offset + start], rows))  # each slot's position
         return mask & (rows[:, None] - slots[None, :] < self.spec.sliding_window)
 
     def _through_layers(self, tokens: torch.Tensor, wanted: set[int], step
