@@ -7,7 +7,7 @@ gelu) MLP; a norm after attention and one before and one after the MLP; scores
 scaled by query_pre_attn_scalar^-0.5; Gemma 2 soft-caps attention scores and
 the final logits; Gemma 3 normalizes q and k and gives its local (sliding)
 layers their own RoPE base. Local/global layers follow `layer_types`, the
-window through `NativeLlama._window_mask`.
+window through `llama_window.window_mask`.
 
 verispec's fused layer and attention kernels implement none of this, so Gemma
 runs the PyTorch path: matmuls still on the kernels (bf16, row-invariant) or

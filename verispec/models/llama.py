@@ -38,6 +38,7 @@ from .base import BatchItem, ForwardOutput, TargetModel
 from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, RowPlan, attend,
                               invariant_attend, rowwise_attend)
 from .llama_config import LlamaSpec, parse_config, rope_tables
+from .llama_window import forward_pieces, slots, window_mask
 from .llama_config import supports as _supports
 from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
                             read_config, read_eos_ids)
@@ -195,7 +196,7 @@ class NativeLlama(TargetModel):
         that needs no distribution skips the LM head).
         """
         if isinstance(cache, WindowKVCache) and tokens.shape[0] > cache.block:
-            return self._forward_pieces(tokens, cache, positions, mask, num_logits, hidden_layers)
+            return forward_pieces(self, tokens, cache, positions, mask, num_logits, hidden_layers)
         if self.row_kernels:
             return self.forward_batch([BatchItem(tokens, cache, positions, mask, num_logits,
                                                  tuple(hidden_layers))])[0]
@@ -205,43 +206,13 @@ class NativeLlama(TargetModel):
         start = cache.reserve(n)
         num_logits = n if num_logits is None else num_logits
         try:
-            slot, positions, mask = self._slots(cache, start, n, positions, mask)
+            slot, positions, mask = slots(self._arange, cache, start, n, positions, mask)
             if self.batch_invariant and mask is None and positions is None and n > INVARIANT_SLICE:
                 return self._run_sliced(tokens, cache, slot, num_logits, tuple(hidden_layers))
             return self._run(tokens, cache, slot, positions, mask, num_logits, tuple(hidden_layers))
         except BaseException:
             cache.truncate(start)
             raise
-
-    def _slots(self, cache, start: int, n: int, positions: torch.Tensor | None,
-               mask: torch.Tensor | None):
-        """A block reserved at position `start` in cache coordinates: the slot it starts
-        at, its positions and its mask's columns (they differ once a WindowKVCache shifted)."""
-        offset = getattr(cache, "offset", 0)
-        if not offset:
-            return start, positions, mask
-        if positions is None:
-            positions = self._arange[start:start + n]
-        if mask is not None:
-            mask = mask[:, offset:]  # the dropped positions are outside every row's window
-        return start - offset, positions, mask
-
-    def _forward_pieces(self, tokens, cache: WindowKVCache, positions, mask, num_logits,
-                        hidden_layers) -> ForwardOutput:
-        """A prefill longer than a WindowKVCache's block, as consecutive causal pieces."""
-        if positions is not None or mask is not None:
-            raise ValueError(f"a block of {tokens.shape[0]} positions with a mask exceeds this "
-                             f"sliding-window cache's block of {cache.block}")
-        n = tokens.shape[0]
-        num_logits = n if num_logits is None else num_logits
-        parts = []
-        for a in range(0, n, cache.block):
-            b = min(n, a + cache.block)
-            wanted = max(0, b - max(a, n - num_logits))
-            parts.append(self.forward(tokens[a:b], cache, num_logits=wanted,
-                                      hidden_layers=hidden_layers))
-        hidden = tuple(torch.cat([p.hidden[i] for p in parts]) for i in range(len(hidden_layers)))
-        return ForwardOutput(logits=torch.cat([p.logits for p in parts]), hidden=hidden)
 
     @torch.inference_mode()
     def forward_batch(self, items: Sequence[BatchItem]) -> list[ForwardOutput]:
@@ -266,7 +237,7 @@ class NativeLlama(TargetModel):
         try:
             for it in items:
                 starts.append(it.cache.reserve(it.tokens.shape[0]))
-            slotted = [self._slots(it.cache, start, it.tokens.shape[0], it.positions, it.mask)
+            slotted = [slots(self._arange, it.cache, start, it.tokens.shape[0], it.positions, it.mask)
                        for it, start in zip(items, starts)]
             return self._run_rows(
                 [BatchItem(it.tokens, it.cache, pos, mask, it.num_logits, it.hidden_layers)
@@ -287,8 +258,9 @@ class NativeLlama(TargetModel):
         plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
         plans = [plan] * self.num_layers
         if self._sliding:
-            local = RowPlan.build([(s, n, self._window_mask(s, n, it.positions, it.mask,
-                                                            getattr(it.cache, "offset", 0)))
+            local = RowPlan.build([(s, n, window_mask(self._arange, self.spec.sliding_window, s, n,
+                                                      it.positions, it.mask,
+                                                      getattr(it.cache, "offset", 0)))
                                    for it, s, n in zip(items, starts, sizes)])
             plans = [local if slides else plan for slides in self._sliding]
         wanted = set().union(*(it.hidden_layers for it in items))
@@ -395,8 +367,9 @@ class NativeLlama(TargetModel):
                                         self.batch_invariant, rowwise=True)
         masks = [attn_mask] * self.num_layers
         if self._sliding:
-            window_mask = self._window_mask(start, n, positions, mask, getattr(cache, "offset", 0))
-            local = AttentionMask.build(window_mask, start, n, rows, groups, self.device,
+            windowed = window_mask(self._arange, self.spec.sliding_window, start, n, positions,
+                                   mask, getattr(cache, "offset", 0))
+            local = AttentionMask.build(windowed, start, n, rows, groups, self.device,
                                         self.batch_invariant, rowwise=True)
             masks = [local if slides else attn_mask for slides in self._sliding]
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
@@ -419,24 +392,6 @@ class NativeLlama(TargetModel):
             logits = self._head(head_in)
         hidden = tuple(captured[layer][:n] for layer in hidden_layers)
         return ForwardOutput(logits=logits, hidden=hidden)
-
-    def _window_mask(self, start: int, n: int, positions: torch.Tensor | None,
-                     mask: torch.Tensor | None, offset: int = 0) -> torch.Tensor:
-        """[n, start + n] bool: what the caller's mask (or causal) allows, within the window.
-
-        A row at position p sees slot s iff p - position(s) < sliding_window, as in
-        transformers' sliding mask. Committed slots hold their own position and new
-        ones the positions given (a tree node's depth), so the set of keys a row
-        sees, and their order, is the one it has decoded alone: row invariance holds.
-        """
-        rows = (self._arange[offset + start:offset + start + n] if positions is None
-                else positions.to(self.device))
-        if mask is None:
-            mask = self._arange[None, : start + n] <= self._arange[start:start + n, None]
-        else:
-            mask = mask.to(device=self.device, dtype=torch.bool)
-        slots = torch.cat((self._arange[offset:offset + start], rows))  # each slot's position
-        return mask & (rows[:, None] - slots[None, :] < self.spec.sliding_window)
 
     def _through_layers(self, tokens: torch.Tensor, wanted: set[int], step
                         ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
