@@ -244,7 +244,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
   }
   if (vs::isa() == vs::Isa::amx) {
     vs::matmul_amx(args, chunk);
-  } else if (quant && n <= g_fused_rows.load(std::memory_order_relaxed)) {
+  } else if (quant && n <= std::min(g_fused_rows.load(std::memory_order_relaxed), vs::quant_fused_limit(packed))) {
     vs::matmul_quant_fused(args, packed);
   } else {
     vs::matmul_avx512(args, chunk);

@@ -64,9 +64,11 @@ struct QuantGroup {
 };
 QuantGroup quant_group(const at::Tensor& packed, int64_t g);
 
-// Up to kFusedRows rows of a quantized product on AVX-512, dequantizing in
-// registers (quant_fused.cpp); same bits as matmul_avx512 over quant_chunks.
-constexpr int kFusedRows = 4;
+// Up to quant_fused_limit(packed) <= kFusedRows rows of a quantized product on
+// AVX-512, dequantizing in registers (quant_fused.cpp); the same bits as
+// matmul_avx512 over quant_chunks.
+constexpr int kFusedRows = 8;
+int64_t quant_fused_limit(const at::Tensor& packed);
 void matmul_quant_fused(const MatmulArgs& args, const at::Tensor& packed);
 
 }  // namespace vs

@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -32,21 +33,20 @@ VS_INLINE __m512bh x_pair(const uint16_t* p) {
   return (__m512bh)_mm512_set1_epi32(bits);
 }
 
-// Rows [0, R) of one group over the whole k range.
-template <class B, int R>
-void fused_group(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t ldx, float* acc) {
-  constexpr int T = kGroupTiles;
+// Rows [0, R) x tiles [j0, j0 + T) of one group over the whole k range.
+template <class B, int R, int T>
+void fused_tiles(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t ldx, int j0, float* acc) {
   constexpr int64_t tb = B::kTileBytes;
   constexpr int segs = B::kBlock / 2 / B::kPairs;
   constexpr int64_t seg_bytes = T * tb / segs;
   __m512 c[R][T];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
     for (int j = 0; j < T; ++j) c[r][j] = _mm512_setzero_ps();
   }
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* t = gd + b * T * tb;
+    const uint8_t* t = gd + (b * kGroupTiles + j0) * tb;
     const uint16_t* xb = x + b * B::kBlock;
     for (int s = 0; s < segs; ++s) {
       const char* ahead = reinterpret_cast<const char*>(t + kAheadBytes + s * seg_bytes);
@@ -58,19 +58,32 @@ void fused_group(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t l
 #pragma GCC unroll 4
         for (int j = 0; j < T; ++j) {
           const __m512bh w = (__m512bh)B::row(t + j * tb, sc[j], p);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int r = 0; r < R; ++r) c[r][j] = _mm512_dpbf16_ps(c[r][j], x_pair(xb + r * ldx + 2 * p), w);
         }
       }
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int j = 0; j < T; ++j) _mm512_storeu_ps(acc + (r * T + j) * kTileOut, c[r][j]);
+    for (int j = 0; j < T; ++j) _mm512_storeu_ps(acc + (r * kGroupTiles + j0 + j) * kTileOut, c[r][j]);
   }
 }
 
+
+// R rows x 4 tiles of accumulators fit the 32 registers up to R = 4; 5..8 rows
+// sweep the group's tiles two at a time (each weight is still dequantized once).
+// Only the 256-weight K blocks gain from the two sweeps: a 32-weight block's two
+// tiles are too short a run of bytes (docs/quant_kernels.md).
+template <class B>
+constexpr int kMaxRows = B::kBlock == 256 ? 8 : 4;
+
+template <class B, int R>
+void fused_group(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t ldx, float* acc) {
+  constexpr int T = R <= 4 ? 4 : 2;
+  for (int j0 = 0; j0 < kGroupTiles; j0 += T) fused_tiles<B, R, T>(gd, blocks, x, ldx, j0, acc);
+}
 
 template <class B, int... Rs>
 void fused_rows(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t ldx, int64_t n, float* acc,
@@ -80,8 +93,18 @@ void fused_rows(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t ld
 
 }  // namespace
 
+int64_t quant_fused_limit(const at::Tensor& packed) {
+  int64_t out, in;
+  quant_shape(packed, &out, &in);
+  int64_t limit = kFusedRows;
+  for (int64_t g = 0; g < (out + kGroupOut - 1) / kGroupOut; ++g) {
+    quant::with_block(quant_group(packed, g).type, [&]<class B>() { limit = std::min<int64_t>(limit, kMaxRows<B>); });
+  }
+  return limit;
+}
+
 void matmul_quant_fused(const MatmulArgs& a, const at::Tensor& packed) {
-  TORCH_CHECK(a.n >= 1 && a.n <= kFusedRows, "matmul_quant_fused: 1..", kFusedRows, " rows");
+  TORCH_CHECK(a.n >= 1 && a.n <= quant_fused_limit(packed), "matmul_quant_fused: too many rows for this pack");
   at::parallel_for(0, a.groups, a.grain, [&](int64_t g0, int64_t g1) {
     alignas(64) float acc[kFusedRows * kGroupOut];
     for (int64_t g = g0; g < g1; ++g) {
