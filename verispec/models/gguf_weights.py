@@ -90,8 +90,10 @@ def hf_config(gf: GGUFFile) -> dict:
                                   "factor": float(get("rope.scaling.factor"))}
     if "rope_freqs.weight" in gf.tensors:
         # Llama 3.1 stores its RoPE scaling as per-frequency factors, not as metadata.
-        raise ValueError("the native backend does not implement GGUF rope_freqs factors "
-                         "(Llama 3.1 RoPE scaling)")
+        if scaling != "none":
+            raise ValueError(f"a GGUF with both rope_freqs and RoPE scaling {scaling!r}")
+        config["rope_scaling"] = {"rope_type": "freq_factors",
+                                  "factors": gf.dequantize("rope_freqs.weight").reshape(-1).tolist()}
     return config
 
 
