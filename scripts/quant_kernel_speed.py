@@ -71,12 +71,19 @@ def stream_gbps(threads: int, size: int = 1 << 30) -> float:
     return size / statistics.median(times) / 1e9
 
 
-def time_packs(packs, x, out) -> float:
-    """ms per matmul, cycling through the copies once."""
-    start = time.perf_counter()
-    for packed in packs:
-        kernels.linear(x, packed, out)
-    return (time.perf_counter() - start) / len(packs) * 1e3
+def time_packs(packs, x, out, fused_rows: int | None = None) -> float:
+    """ms per matmul, cycling through the copies once; fused_rows=0 times the
+    buffered quantized path."""
+    default = kernels.quant_fused_rows()
+    if fused_rows is not None:
+        kernels.quant_fused_rows(fused_rows)
+    try:
+        start = time.perf_counter()
+        for packed in packs:
+            kernels.linear(x, packed, out)
+        return (time.perf_counter() - start) / len(packs) * 1e3
+    finally:
+        kernels.quant_fused_rows(default)
 
 
 def main() -> None:
@@ -86,6 +93,8 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--models", default=",".join(SHAPES))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--buffered", action="store_true",
+                        help="also time each block format with the fused pass off ('Q4_0/buf')")
     parser.add_argument("--working-set", type=int, default=96 << 20, help="bytes of weights per (shape, format)")
     args = parser.parse_args()
     if not kernels.available():
@@ -108,6 +117,9 @@ def main() -> None:
             fits = [f for f in formats if f == "BF16" or inp % gguf.GGML_QUANT_SIZES[
                 gguf.GGMLQuantizationType[f]][0] == 0]
             packs = {fmt: make_packs(fmt, out, inp, args.working_set, rng) for fmt in fits}
+            if args.buffered:
+                fits += [f + "/buf" for f in fits if f != "BF16"]
+                packs.update({f: packs[f[:-4]] for f in fits if f.endswith("/buf")})
             xs = {n: torch.randn(n, inp).bfloat16() for n in rows}
             samples = {(fmt, n): [] for fmt in fits for n in rows}
             for fmt in fits:  # warm-up: page in every copy
@@ -115,9 +127,10 @@ def main() -> None:
             for _ in range(args.repeats):
                 for fmt in fits:
                     for n in rows:
-                        samples[fmt, n].append(time_packs(packs[fmt], xs[n], out))
+                        samples[fmt, n].append(time_packs(packs[fmt], xs[n], out,
+                                                          0 if fmt.endswith("/buf") else None))
             for fmt in fits:
-                mb = weight_bytes(fmt, out, inp) / 1e6
+                mb = weight_bytes(fmt.removesuffix("/buf"), out, inp) / 1e6
                 ms = [statistics.median(samples[fmt, n]) for n in rows]
                 scale = 30 if matrix != "lm_head" else 1  # layers of the 135M model
                 if model == "135M":

@@ -10,6 +10,9 @@ at load and while decoding (each contender in a fresh process).
   python scripts/quant_speed.py                      # default model, 1 and 2 threads
   python scripts/quant_speed.py --model /work/synth/synth-0.5b-Q4_K_M.gguf --no-dense
   python scripts/quant_speed.py --rss                # peak RSS instead of timings
+  python scripts/quant_speed.py --json out.json --profile-out profile.json
+      # also the figures as JSON, and the first thread count's T(n) as a cost
+      # profile that `verispec calc --profile` reads
 """
 from __future__ import annotations
 
@@ -127,6 +130,9 @@ def main() -> int:
     p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
     p.add_argument("--rss", action="store_true", help="peak RSS per contender instead")
     p.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--profile-out", default=None, metavar="FILE",
+                   help="write the first thread count's quantized T(n) for `verispec calc --profile`")
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     if args.rss_child:
@@ -142,17 +148,22 @@ def main() -> int:
 
         size = gguf_source(args.model).stat().st_size / 2**20
         print(f"file {size:.0f} MiB")
+        report = {"file_mib": round(size), "rss": []}
         for kind in kinds:
             out = subprocess.run([sys.executable, __file__, "--rss-child", kind, "--threads",
                                   str(threads[0])] + (["--model", args.model] if args.model else []),
                                  capture_output=True, text=True, check=True)
             print(out.stdout.strip().splitlines()[-1])
+            report["rss"].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        write_json(args.json, report)
         return 0
     models = {kind: load(kind, args.model) for kind in kinds}
     tokens = list(range(1000, 1000 + args.context + args.steps + args.max_n + 1))
+    report = {"model": args.model, "context": args.context, "threads": {}, "weights_mib": {}}
     for kind in ("quant", "dense"):
         if kind in models:
             mib = weight_bytes(models[kind]) / 2**20
+            report["weights_mib"][kind] = round(mib, 1)
             print(f"{kind}: {mib:.1f} MiB of weights read per token")
     for t in threads:
         torch.set_num_threads(t)
@@ -163,12 +174,24 @@ def main() -> int:
         ratios = ", ".join(f"{k}/quant {v / ms['quant']:.2f}x" for k, v in ms.items() if k != "quant")
         print(f"threads {t}: {line}; {ratios}; read bandwidth {bw:.1f} GB/s -> quant bound "
               f"{bound:.2f} ms ({bound / ms['quant']:.0%} of it reached)")
+        report["threads"][t] = {"decode_ms": ms, "read_gbs": bw, "quant_bound_ms": bound}
     for t in threads:
         torch.set_num_threads(t)
         curve = cost_curve(models["quant"], tokens, args.context, args.max_n, args.repeats)
         ratios = " ".join(f"{n}:{curve[n] / curve[1]:.2f}" for n in curve)
         print(f"threads {t}: quant T(n)/T(1), T(1) {curve[1]:.2f} ms: {ratios}")
+        report["threads"][t]["quant_tn_ms"] = curve
+        if args.profile_out and t == threads[0]:
+            write_json(args.profile_out, {"n": list(curve), "seconds": [v / 1e3 for v in curve.values()],
+                                          "model": args.model, "threads": t, "context": args.context})
+    write_json(args.json, report)
     return 0
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":

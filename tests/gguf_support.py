@@ -29,6 +29,9 @@ class TinyShape:
     kv_heads: int = 2
     tied: bool = False
     context: int = 256
+    # Llama 3.1 RoPE scaling: a rope_freqs tensor in the file (as llama.cpp's
+    # converter writes it), rope_scaling "llama3" in the reference's config.
+    llama3_rope: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -78,6 +81,8 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_rope_dimension_count(s.head_dim)
+    if s.llama3_rope:
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(s.head_dim))
     if eos is not None:
         writer.add_eos_token_id(eos)
     if vocab_strings:
@@ -130,6 +135,28 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
     return path
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+
+def llama3_rope_factors(head_dim: int, theta: float = 10000.0) -> np.ndarray:
+    """llama.cpp's converter's rope_freqs for LLAMA3_ROPE: one divisor per frequency."""
+    r = LLAMA3_ROPE
+    old = r["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / r["low_freq_factor"], old / r["high_freq_factor"]
+    factors = []
+    for freq in 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(r["factor"])
+        else:
+            smooth = (old / wavelen - r["low_freq_factor"]) / (r["high_freq_factor"] - r["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / r["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape,
                      eos: int | None) -> None:
     from safetensors.torch import save_file
@@ -143,4 +170,6 @@ def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape,
               "max_position_embeddings": s.context,
               "rope_theta": 10000.0, "tie_word_embeddings": s.tied, "hidden_act": "silu",
               "eos_token_id": eos}
+    if s.llama3_rope:
+        config["rope_scaling"] = LLAMA3_ROPE
     (folder / "config.json").write_text(json.dumps(config))

@@ -108,6 +108,33 @@ def test_a_block_type_the_kernels_lack_runs_dense(tmp_path, capfd):
 
 # -- broken files ------------------------------------------------------------
 
+def test_llama31_rope_freqs(tmp_path):
+    """Llama 3.1 files carry their RoPE scaling as a rope_freqs tensor of per-frequency
+    divisors. Read as llama.cpp reads it, it is transformers' "llama3" scaling: the
+    frequencies agree to float32 rounding, the fp32 logits closely, and the factors
+    change the output (a file without them differs). The quantized path keeps its
+    bit identity with the dense bf16 one."""
+    from verispec.models.llama_config import inverse_frequencies
+
+    shape = TinyShape(llama3_rope=True)
+    path, _ = pair(tmp_path, Q.Q8_0, shape)
+    reference = NativeLlama.from_dir(tmp_path / "ref", torch.float32)
+    loaded = NativeLlama.from_gguf(path, torch.float32, quant=False)
+    assert loaded.spec.rope.kind == "freq_factors" and reference.spec.rope.kind == "llama3"
+    ours, theirs = (inverse_frequencies(m.spec.rope, shape.head_dim) for m in (loaded, reference))
+    assert torch.allclose(ours, theirs, rtol=3e-7, atol=0)
+    want = logits_every_way(reference)
+    assert (logits_every_way(loaded) - want).abs().max() < 1e-3 * want.abs().max()
+    plain = NativeLlama.from_gguf(write_tiny_gguf(tmp_path / "plain.gguf", Q.Q8_0, TinyShape()),
+                                  torch.float32, quant=False)
+    assert not torch.equal(inverse_frequencies(plain.spec.rope, shape.head_dim), theirs)
+    assert (logits_every_way(plain) - want).abs().max() > 1e-2 * want.abs().max()
+    if kernels.available():
+        quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
+        dense = NativeLlama.from_gguf(path, torch.bfloat16, quant=False)
+        assert torch.equal(logits_every_way(quant), logits_every_way(dense))
+
+
 def test_truncated_file(tmp_path):
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     data = path.read_bytes()

@@ -76,6 +76,26 @@ def test_bit_identical_to_dense_reference(qtype):
         assert torch.equal(_bits(kernels.dequantize(packed)), _bits(ref))
 
 
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_fused_pass_equals_buffered_pass(qtype):
+    """Up to 4 rows (8 for the K-quants) dequantize in registers (quant_fused.cpp);
+    the buffered path (dequantized chunks, then the dense passes) must give the same bits."""
+    assert kernels.quant_fused_rows() == 8
+    out, inp = _shapes(qtype)[0]
+    packed = kernels.pack_quant(torch.from_numpy(_raw(qtype, out, inp, seed=11)), int(qtype), out, inp)
+    x, bias = _x(9, inp, seed=12), torch.randn(out).bfloat16()
+    fused = [kernels.linear(x[:n], packed, out, bias) for n in range(1, 10)]
+    try:
+        kernels.quant_fused_rows(0)
+        buffered = [kernels.linear(x[:n], packed, out, bias) for n in range(1, 10)]
+    finally:
+        kernels.quant_fused_rows(8)
+    for n, (a, b) in enumerate(zip(fused, buffered), start=1):
+        assert torch.equal(_bits(a), _bits(b)), n
+    with pytest.raises(RuntimeError, match="at most 8"):
+        kernels.quant_fused_rows(9)
+
+
 @pytest.mark.parametrize("qtype", LEGACY, ids=lambda t: t.name)
 def test_gguf_quantized_weights(qtype):
     """Blocks from gguf's own quantizer (real scales, real rounding)."""

@@ -34,8 +34,8 @@ prompt; greedy outputs are checked against `none` and against hf-plain.
 peers: hf-plain, hf-pld, hf-assisted (transformers on the same weights) and
 llamacpp-plain, llamacpp-pld (llama.cpp on the GGUF file, when the optional
 llama-cpp-python is installed: pip install 'verispec[llamacpp]'; skipped with a
-note otherwise). llama.cpp runs the quantized weights, so llamacpp-pld is checked
-against llamacpp-plain only.
+note otherwise). llama.cpp quantizes its activations to 8 bits, a different
+function, so llamacpp-pld is checked against llamacpp-plain only.
 """
 
 _PROFILE_EPILOG = """\

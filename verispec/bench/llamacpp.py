@@ -6,10 +6,11 @@ docs/benchmarks.md for the build flags).
   llamacpp-pld    its prompt lookup decoding (LlamaPromptLookupDecoding, k tokens)
 
 Both are fed verispec's prompt token ids, so tokenization and the chat template
-are identical. llama.cpp computes with the GGUF's quantized weights (Q4_1 for the
-default model) where verispec uses their dense dequantization: the two are
-different functions, so their outputs are not compared. llamacpp-pld is compared
-with llamacpp-plain instead, which checks llama.cpp's own speculation.
+are identical. Both read the same blocks, but llama.cpp multiplies them by
+activations it quantizes to 8 bits (its own dot products, e.g. Q8_1 against
+Q4_1), where verispec multiplies bf16 activations by the blocks' exact values:
+the two are different functions, so their outputs are not compared. llamacpp-pld
+is compared with llamacpp-plain instead, which checks llama.cpp's own speculation.
 """
 from __future__ import annotations
 

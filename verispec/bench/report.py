@@ -207,7 +207,7 @@ def _equality_cells(row: Row) -> tuple[str, str]:
     with verispec or transformers; its = plain is against its own plain run."""
     if row.own_reference is None:
         return _equality(row.vs_plain), _equality(row.vs_hf_plain)
-    na = "n/a (quantized weights)"
+    na = "n/a (another function)"
     if row.own_reference == row.config or not row.vs_plain.checked:
         return na, na
     return f"{_equality(row.vs_plain)} vs {row.own_reference}", na
@@ -270,8 +270,9 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
                      "picks the best static k by it.")
     for ref in dict.fromkeys(r.own_reference for r in rows if r.own_reference):
         names = ", ".join(dict.fromkeys(r.config for r in rows if r.own_reference == ref))
-        lines.append(f"{names}: run the GGUF's quantized weights, not verispec's dense ones, "
-                     f"so they compute another function; = plain compares them only with "
+        lines.append(f"{names}: multiply the GGUF's blocks by 8-bit quantized activations "
+                     f"(verispec: bf16 activations), so they compute another function; = plain "
+                     f"compares them only with "
                      f"{ref}, ties judged in its own logits.")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"

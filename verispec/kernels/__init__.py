@@ -73,6 +73,14 @@ def quant_types() -> frozenset[int]:
     return frozenset(_require().quant_types())
 
 
+def quant_fused_rows(rows: int | None = None) -> int:
+    """Row counts up to this many (at most 8; 4 for 32-weight block formats)
+    multiply a quantized pack in one fused pass on AVX-512, dequantized in
+    registers, with the same bits as the buffered path that larger counts take.
+    `rows` sets it; 0 turns the fused pass off (for benchmarks)."""
+    return _require().quant_fused_rows(-1 if rows is None else int(rows))
+
+
 def _check_type(ggml_type: int) -> None:
     if int(ggml_type) not in quant_types():
         name = GGML_TYPE_NAMES.get(int(ggml_type), f"type {int(ggml_type)}")

@@ -14,6 +14,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("embedding", &embedding, "bf16 rows of a quantized pack", py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());
   m.def("quant_types", &quant_types, "ggml type ids pack_quant supports");
+  m.def("quant_fused_rows", &quant_fused_rows, "largest row count for the fused quantized matmul (set with rows >= 0)",
+        py::arg("rows") = -1);
   m.def("quant_shape", &quant_pack_shape, "[out, in] of a quantized pack");
   m.def("linear", &linear, "bf16 x @ W.T (+ bias) from a packed W (dense or quantized); row-invariant",
         py::arg("x"), py::arg("packed"), py::arg("out"), py::arg("bias") = py::none(),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 _SOURCES = [_HERE / name for name in ("bindings.cpp", "gemv_bf16.cpp", "gemv_avx512.cpp", "quant.cpp",
-                                      "quant_formats.cpp", "attention.cpp", "layer.cpp")]
+                                      "quant_formats.cpp", "quant_fused.cpp", "attention.cpp", "layer.cpp")]
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-mavx512bf16",
           "-fopenmp"]
 _REQUIRED = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")

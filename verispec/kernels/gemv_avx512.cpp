@@ -88,6 +88,18 @@ constexpr PassFn kPasses[kMaxRows + 1] = {nullptr, pass<1>, pass<2>, pass<3>, pa
 
 }  // namespace
 
+void store_group(const MatmulArgs& a, int64_t g, const float* acc) {
+  for (int64_t r = 0; r < a.n; ++r) {
+    for (int j = 0; j < kGroupTiles && g * kGroupOut + j * kTileOut < a.out; ++j) {
+      const int64_t o = g * kGroupOut + j * kTileOut;
+      const __mmask16 mask = tail_mask(std::min<int64_t>(kTileOut, a.out - o));
+      __m512 v = _mm512_loadu_ps(acc + r * kGroupOut + j * kTileOut);
+      if (a.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, a.bias + o));
+      _mm256_mask_storeu_epi16(a.y + r * a.out + o, mask, narrow_bf16(v));
+    }
+  }
+}
+
 void matmul_avx512(const MatmulArgs& a, const ChunkFn& chunk) {
   const int64_t passes = (a.n + kMaxRows - 1) / kMaxRows;
   const bool dense = a.chunk_tiles == 0;
@@ -105,15 +117,7 @@ void matmul_avx512(const MatmulArgs& a, const ChunkFn& chunk) {
                            kt0 == 0, dense);
         }
       }
-      for (int64_t r = 0; r < a.n; ++r) {
-        for (int j = 0; j < kGroupTiles && g * kGroupOut + j * kTileOut < a.out; ++j) {
-          const int64_t o = g * kGroupOut + j * kTileOut;
-          const __mmask16 mask = tail_mask(std::min<int64_t>(kTileOut, a.out - o));
-          __m512 v = _mm512_loadu_ps(acc.data() + r * kGroupOut + j * kTileOut);
-          if (a.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, a.bias + o));
-          _mm256_mask_storeu_epi16(a.y + r * a.out + o, mask, narrow_bf16(v));
-        }
-      }
+      store_group(a, g, acc.data());
     }
   });
 }

@@ -179,6 +179,16 @@ at::Tensor pack(const at::Tensor& weight) {
   return packed;
 }
 
+namespace {
+std::atomic<int64_t> g_fused_rows{vs::kFusedRows};
+}  // namespace
+
+int64_t quant_fused_rows(int64_t rows) {
+  TORCH_CHECK(rows <= vs::kFusedRows, "quant_fused_rows: at most ", vs::kFusedRows);
+  if (rows >= 0) g_fused_rows = rows;
+  return g_fused_rows;
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
                   const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(vs::isa() != vs::Isa::none, "linear: kernels not initialised (init() first)");
@@ -234,6 +244,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
   }
   if (vs::isa() == vs::Isa::amx) {
     vs::matmul_amx(args, chunk);
+  } else if (quant && n <= std::min(g_fused_rows.load(std::memory_order_relaxed), vs::quant_fused_limit(packed))) {
+    vs::matmul_quant_fused(args, packed);
   } else {
     vs::matmul_avx512(args, chunk);
   }

@@ -12,6 +12,9 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
                       const std::vector<int64_t>& outs, int64_t in);
 at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids);
 std::vector<int64_t> quant_types();
+// Row counts up to this take the fused quantized matmul on AVX-512 (0: never);
+// rows >= 0 sets it. Returns the value in force.
+int64_t quant_fused_rows(int64_t rows);
 std::vector<int64_t> quant_pack_shape(const at::Tensor& packed);
 at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
                   const at::Tensor& row_cache, const at::Tensor& row_len,

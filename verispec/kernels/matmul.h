@@ -49,9 +49,26 @@ struct MatmulArgs {
 void matmul_avx512(const MatmulArgs& args, const ChunkFn& chunk);
 void matmul_amx(const MatmulArgs& args, const ChunkFn& chunk);
 
+// Rounds and stores group g's accumulators acc [n][4 tiles][16] (+ bias) into y.
+void store_group(const MatmulArgs& args, int64_t g, const float* acc);
+
 // Quantized packs (quant.cpp): a uint8 tensor with a header.
 bool is_quant_pack(const at::Tensor& packed);
 void quant_shape(const at::Tensor& packed, int64_t* out, int64_t* in);
 ChunkFn quant_chunks(const at::Tensor& packed);
+
+// Group g of a quantized pack: its ggml type and its tile blocks, [block][4 tiles].
+struct QuantGroup {
+  int64_t type;
+  const uint8_t* data;
+};
+QuantGroup quant_group(const at::Tensor& packed, int64_t g);
+
+// Up to quant_fused_limit(packed) <= kFusedRows rows of a quantized product on
+// AVX-512, dequantizing in registers (quant_fused.cpp); the same bits as
+// matmul_avx512 over quant_chunks.
+constexpr int kFusedRows = 8;
+int64_t quant_fused_limit(const at::Tensor& packed);
+void matmul_quant_fused(const MatmulArgs& args, const at::Tensor& packed);
 
 }  // namespace vs

@@ -84,6 +84,11 @@ void quant_shape(const at::Tensor& packed, int64_t* out, int64_t* in) {
   *in = v.head->in;
 }
 
+QuantGroup quant_group(const at::Tensor& packed, int64_t g) {
+  const View v = view(packed);
+  return QuantGroup{v.type[g], v.data + v.offset[g]};
+}
+
 ChunkFn quant_chunks(const at::Tensor& packed) {
   const View v = view(packed);
   return [v](int64_t g, int64_t kt0, int64_t count, uint16_t* buf) {

@@ -1,8 +1,7 @@
-// Repack and in-register dequantization of each GGUF block format (see
-// quant_formats.h for the tile-block idea and why the values are exact).
-// Every dequant writes, per k pair P, the two halves lo and hi of one packed row
-// (outputs 0-7 and 8-15, each with k = 2P and 2P + 1 side by side), computed
-// with the reference's float32 operations; per-output scales are spread to match.
+// Repack of each GGUF block format into tile blocks (see quant_formats.h for the
+// tile-block idea and why the values are exact); the in-register dequantization
+// of each lives in quant_blocks.h.
+#include "quant_blocks.h"
 #include "quant_formats.h"
 
 namespace vs::quant {
@@ -41,23 +40,10 @@ void pack_bits(const uint8_t* const* rows, int pairs_count, Get get, uint8_t* ds
   }
 }
 
-// A function, not vector globals: static initialisers would run AVX-512 at load.
-inline __m512i splat(int v) { return _mm512_set1_epi32(v); }
-
 // Q4_0: d, qs[16]; w = d * (q - 8). Tile: d[16], nibbles.
 void repack_q4_0(const uint8_t* const* rows, uint8_t* dst) {
   copy_field(rows, 0, dst);
   pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 2, e); }, dst + 32);
-}
-void dq_q4_0(const uint8_t* s, uint16_t* dst) {
-  __m512 da, db;
-  spread(halves(s), &da, &db);
-  for (int p = 0; p < 16; ++p) {
-    __m512i lo, hi;
-    nibbles(s + 32 + 16 * p, &lo, &hi);
-    put(dst, p, pairs(_mm512_mul_ps(da, lanes(_mm512_sub_epi32(lo, splat(8)))),
-                      _mm512_mul_ps(db, lanes(_mm512_sub_epi32(hi, splat(8))))));
-  }
 }
 
 // Q4_1: d, m, qs[16]; w = d * q + m. Tile: d[16], m[16], nibbles.
@@ -65,16 +51,6 @@ void repack_q4_1(const uint8_t* const* rows, uint8_t* dst) {
   copy_field(rows, 0, dst);
   copy_field(rows, 2, dst + 32);
   pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 4, e); }, dst + 64);
-}
-void dq_q4_1(const uint8_t* s, uint16_t* dst) {
-  __m512 da, db, ma, mb;
-  spread(halves(s), &da, &db);
-  spread(halves(s + 32), &ma, &mb);
-  for (int p = 0; p < 16; ++p) {
-    __m512i lo, hi;
-    nibbles(s + 64 + 16 * p, &lo, &hi);
-    put(dst, p, pairs(_mm512_fmadd_ps(da, lanes(lo), ma), _mm512_fmadd_ps(db, lanes(hi), mb)));
-  }
 }
 
 // Q5_0: d, qh (u32), qs[16]; w = d * ((q | h << 4) - 16). Tile: d[16], nibbles, masks.
@@ -84,17 +60,6 @@ void repack_q5_0(const uint8_t* const* rows, uint8_t* dst) {
   pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 6, e); }, dst + 32);
   pack_bits(rows, 16, [](const uint8_t* b, int e) { return q5_high(b + 2, e); }, dst + 288);
 }
-void dq_q5_0(const uint8_t* s, uint16_t* dst) {
-  __m512 da, db;
-  spread(halves(s), &da, &db);
-  for (int p = 0; p < 16; ++p) {
-    __m512i lo, hi;
-    nibbles(s + 32 + 16 * p, &lo, &hi);
-    lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, mask16(s + 288 + 4 * p), lo, splat(16)), splat(16));
-    hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, mask16(s + 290 + 4 * p), hi, splat(16)), splat(16));
-    put(dst, p, pairs(_mm512_mul_ps(da, lanes(lo)), _mm512_mul_ps(db, lanes(hi))));
-  }
-}
 
 // Q5_1: d, m, qh, qs[16]; w = d * (q | h << 4) + m. Tile: d[16], m[16], nibbles, masks.
 void repack_q5_1(const uint8_t* const* rows, uint8_t* dst) {
@@ -102,18 +67,6 @@ void repack_q5_1(const uint8_t* const* rows, uint8_t* dst) {
   copy_field(rows, 2, dst + 32);
   pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 8, e); }, dst + 64);
   pack_bits(rows, 16, [](const uint8_t* b, int e) { return q5_high(b + 4, e); }, dst + 320);
-}
-void dq_q5_1(const uint8_t* s, uint16_t* dst) {
-  __m512 da, db, ma, mb;
-  spread(halves(s), &da, &db);
-  spread(halves(s + 32), &ma, &mb);
-  for (int p = 0; p < 16; ++p) {
-    __m512i lo, hi;
-    nibbles(s + 64 + 16 * p, &lo, &hi);
-    lo = _mm512_mask_or_epi32(lo, mask16(s + 320 + 4 * p), lo, splat(16));
-    hi = _mm512_mask_or_epi32(hi, mask16(s + 322 + 4 * p), hi, splat(16));
-    put(dst, p, pairs(_mm512_fmadd_ps(da, lanes(lo), ma), _mm512_fmadd_ps(db, lanes(hi), mb)));
-  }
 }
 
 // Q8_0: d, qs[32] int8; w = q * d. Tile: d[16], per pair 16 bytes per half.
@@ -124,13 +77,6 @@ void repack_q8_0(const uint8_t* const* rows, uint8_t* dst) {
       dst[32 + 32 * p + t] = rows[lane_output(t, 0)][2 + lane_k(t, p)];
       dst[48 + 32 * p + t] = rows[lane_output(t, 1)][2 + lane_k(t, p)];
     }
-  }
-}
-void dq_q8_0(const uint8_t* s, uint16_t* dst) {
-  __m512 da, db;
-  spread(halves(s), &da, &db);
-  for (int p = 0; p < 16; ++p) {
-    put(dst, p, pairs(_mm512_mul_ps(i8_lanes(s + 32 + 32 * p), da), _mm512_mul_ps(i8_lanes(s + 48 + 32 * p), db)));
   }
 }
 
@@ -151,24 +97,6 @@ void k_scales(const uint8_t* const* rows, uint8_t* dst) {
 void repack_q4_k(const uint8_t* const* rows, uint8_t* dst) {
   k_scales(rows, dst);
   pack_nibbles(rows, 128, [](const uint8_t* b, int e) { return nib256(b + 16, e); }, dst + 320);
-}
-template <bool kFive>
-void dq_k(const uint8_t* s, uint16_t* dst) {
-  const __m512 d = halves(s), dmin = halves(s + 32);
-  for (int sb = 0; sb < 8; ++sb) {
-    __m512 sa, sb_, oa, ob;
-    spread(_mm512_mul_ps(d, u8_lanes(s + 64 + 16 * sb)), &sa, &sb_);
-    spread(_mm512_mul_ps(dmin, u8_lanes(s + 192 + 16 * sb)), &oa, &ob);
-    for (int p = 16 * sb; p < 16 * sb + 16; ++p) {
-      __m512i lo, hi;
-      nibbles(s + 320 + 16 * p, &lo, &hi);
-      if constexpr (kFive) {
-        lo = _mm512_mask_or_epi32(lo, mask16(s + 2368 + 4 * p), lo, splat(16));
-        hi = _mm512_mask_or_epi32(hi, mask16(s + 2370 + 4 * p), hi, splat(16));
-      }
-      put(dst, p, pairs(_mm512_fmsub_ps(sa, lanes(lo), oa), _mm512_fmsub_ps(sb_, lanes(hi), ob)));
-    }
-  }
 }
 
 // Q5_K: d, dmin, scales[12], qh[32], qs[128]: Q4_K's layout plus a fifth bit, bit
@@ -206,34 +134,16 @@ void repack_q6_k(const uint8_t* const* rows, uint8_t* dst) {
     std::memcpy(dst + 2340 + 8 * p, &hi, 4);
   }
 }
-void dq_q6_k(const uint8_t* s, uint16_t* dst) {
-  const __m512 d = halves(s);
-  const __m512i shifts = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i three = _mm512_set1_epi32(3);
-  for (int sb = 0; sb < 16; ++sb) {
-    __m512 sa, sb_;
-    spread(_mm512_mul_ps(d, i8_lanes(s + 32 + 16 * sb)), &sa, &sb_);
-    for (int p = 8 * sb; p < 8 * sb + 8; ++p) {
-      __m512i lo, hi;
-      nibbles(s + 288 + 16 * p, &lo, &hi);
-      const __m512i hl = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(s + 2336 + 8 * p)), shifts), three);
-      const __m512i hh = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(s + 2340 + 8 * p)), shifts), three);
-      lo = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hl, 4)), splat(32));
-      hi = _mm512_sub_epi32(_mm512_or_si512(hi, _mm512_slli_epi32(hh, 4)), splat(32));
-      put(dst, p, pairs(_mm512_mul_ps(sa, lanes(lo)), _mm512_mul_ps(sb_, lanes(hi))));
-    }
-  }
-}
 
 const Format kFormats[] = {
-    {Q8_0, "Q8_0", 32, 34, 544, repack_q8_0, dq_q8_0},
-    {Q4_0, "Q4_0", 32, 18, 288, repack_q4_0, dq_q4_0},
-    {Q4_1, "Q4_1", 32, 20, 320, repack_q4_1, dq_q4_1},
-    {Q5_0, "Q5_0", 32, 22, 352, repack_q5_0, dq_q5_0},
-    {Q5_1, "Q5_1", 32, 24, 384, repack_q5_1, dq_q5_1},
-    {Q4_K, "Q4_K", 256, 144, 2368, repack_q4_k, dq_k<false>},
-    {Q5_K, "Q5_K", 256, 176, 2880, repack_q5_k, dq_k<true>},
-    {Q6_K, "Q6_K", 256, 210, 3360, repack_q6_k, dq_q6_k},
+    {Q8_0, "Q8_0", 32, 34, 544, repack_q8_0, dequant_tile<BlockQ8_0>},
+    {Q4_0, "Q4_0", 32, 18, 288, repack_q4_0, dequant_tile<BlockQ4_0>},
+    {Q4_1, "Q4_1", 32, 20, 320, repack_q4_1, dequant_tile<BlockQ4_1>},
+    {Q5_0, "Q5_0", 32, 22, 352, repack_q5_0, dequant_tile<BlockQ5_0>},
+    {Q5_1, "Q5_1", 32, 24, 384, repack_q5_1, dequant_tile<BlockQ5_1>},
+    {Q4_K, "Q4_K", 256, 144, 2368, repack_q4_k, dequant_tile<BlockQ4_K>},
+    {Q5_K, "Q5_K", 256, 176, 2880, repack_q5_k, dequant_tile<BlockQ5_K>},
+    {Q6_K, "Q6_K", 256, 210, 3360, repack_q6_k, dequant_tile<BlockQ6_K>},
 };
 
 }  // namespace

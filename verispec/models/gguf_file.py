@@ -204,6 +204,16 @@ class GGUFFile:
         values = gguf.quants.dequantize(self.raw(name), gguf.GGMLQuantizationType(info.ggml_type))
         return np.array(values, dtype=np.float32).reshape(info.shape)  # a copy, writable
 
+    def release(self, name: str) -> None:
+        """Drop the tensor's mapped pages from this process's resident memory once it
+        has been copied out (a pack): the file's bytes then count once, in the pack,
+        not twice. The pages stay in the OS page cache, and any view re-reads them."""
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        info = self.tensors[name]
+        start = info.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
+
     @property
     def file_bytes(self) -> int:
         return self.size

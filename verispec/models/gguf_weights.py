@@ -90,8 +90,10 @@ def hf_config(gf: GGUFFile) -> dict:
                                   "factor": float(get("rope.scaling.factor"))}
     if "rope_freqs.weight" in gf.tensors:
         # Llama 3.1 stores its RoPE scaling as per-frequency factors, not as metadata.
-        raise ValueError("the native backend does not implement GGUF rope_freqs factors "
-                         "(Llama 3.1 RoPE scaling)")
+        if scaling != "none":
+            raise ValueError(f"a GGUF with both rope_freqs and RoPE scaling {scaling!r}")
+        config["rope_scaling"] = {"rope_type": "freq_factors",
+                                  "factors": gf.dequantize("rope_freqs.weight").reshape(-1).tolist()}
     return config
 
 
@@ -133,6 +135,7 @@ class _Builder:
     def dense(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         self.info(name, shape)
         values = torch.from_numpy(self.gf.dequantize(name))
+        self.gf.release(name)
         order = self.row_order(name)
         if order is not None:
             values = values[torch.from_numpy(order)]
@@ -206,6 +209,8 @@ class _Builder:
         else:
             packed = kernels.pack_quant_cat([(torch.from_numpy(raw.copy()), kind, r)
                                              for raw, kind, r in zip(raws, kinds, rows)], cols)
+        for n in names:
+            self.gf.release(n)
         fmt = "+".join(dict.fromkeys(info.type_name for info in infos))
         return Linear.from_pack(packed, sum(rows), cols, torch.cat(biases) if biases else None, fmt)
 
@@ -218,6 +223,7 @@ class _Builder:
             raw = self.gf.raw(name).copy()
             self.record_sample(name, raw, info.ggml_type, (vocab, hidden))
             packed = kernels.pack_quant(torch.from_numpy(raw), info.ggml_type, vocab, hidden)
+            self.gf.release(name)
             embed = Embedding(packed=packed, shape=(vocab, hidden), fmt=info.type_name)
             head = Linear.from_pack(packed, vocab, hidden, None, info.type_name) if tied else None
         else:

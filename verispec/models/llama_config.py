@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
-_ROPE_TYPES = ("default", "linear", "llama3")
+_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,9 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # kind "freq_factors": a GGUF's rope_freqs tensor, one divisor per frequency,
+    # as llama.cpp applies it (Llama 3.1 files carry their scaling this way).
+    freq_factors: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ def _rope_spec(config: dict) -> RopeSpec:
     theta = float(merged.get("rope_theta", config.get("rope_theta", 10000.0)))
     if kind == "default":
         return RopeSpec(theta=theta)
+    if kind == "freq_factors":
+        return RopeSpec(theta=theta, kind=kind, freq_factors=tuple(float(f) for f in merged["factors"]))
     original = merged.get("original_max_position_embeddings") or config.get(
         "max_position_embeddings", 8192)
     return RopeSpec(theta=theta, kind=kind, factor=float(merged["factor"]),
@@ -144,6 +149,12 @@ def inverse_frequencies(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     inv_freq = 1.0 / (rope.theta ** steps)
     if rope.kind == "linear":
         return inv_freq / rope.factor
+    if rope.kind == "freq_factors":
+        factors = torch.tensor(rope.freq_factors, dtype=torch.float32)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope_freqs has {factors.numel()} factors; head_dim {head_dim} needs "
+                             f"{inv_freq.numel()}")
+        return inv_freq / factors
     if rope.kind == "llama3":
         # Llama 3.1 frequency-dependent interpolation (transformers' _compute_llama3_parameters).
         old = rope.original_max_position
