@@ -103,6 +103,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--max-n", type=int, default=12)
     p.add_argument("--out", type=Path, default=Path("quant-scale"))
+    p.add_argument("--add", action="store_true",
+                   help="keep the other files' rows of an earlier --out/scale.json (same alphas)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     alphas = borrowed_alphas(args.alphas_from, args.proposer)
@@ -120,6 +122,11 @@ def main() -> int:
                      "rss": {r["kind"]: r["decode_peak_mib"] for r in m["rss"]["rss"]},
                      "file_mib": m["rss"]["file_mib"],
                      "projected": {w: {"k": o.k, "speedup": o.speedup} for w, o in projected.items()}})
+    earlier = args.out / "scale.json"
+    if args.add and earlier.exists():
+        done = {r["file"] for r in rows}
+        rows += [r for r in json.loads(earlier.read_text())["rows"] if r["file"] not in done]
+        rows.sort(key=lambda r: r["params_b"])
     (args.out / "scale.json").write_text(json.dumps({"alphas": alphas, "proposer": args.proposer,
                                                      "threads": args.threads, "rows": rows}, indent=1) + "\n")
     plot(rows, args.out / "scale.png")
