@@ -100,9 +100,14 @@ def test_plain_decoding_applies_the_processor(engine, tiny, name):
     assert changed or name == "min_p"
 
 
+HF_SPECS = ("ngram-tree", "same-model")  # transformers is slower: a chain and a tree suffice
+
+
 @pytest.mark.parametrize("spec", list(SPECS))
 @pytest.mark.parametrize("name", list(PROCESSORS))
-def test_greedy_equality_with_processors(engine, name, spec):
+def test_greedy_equality_with_processors(engine, target, name, spec):
+    if target.__class__.__name__ == "HFModel" and spec not in HF_SPECS:
+        pytest.skip("the hf backend runs the chain and tree representatives only")
     sampling = SamplingParams(max_new_tokens=N, **PROCESSORS[name])
     for prompt in PROMPTS:
         want = engine.generate(prompt, sampling, PLAIN)
