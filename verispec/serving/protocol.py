@@ -4,8 +4,14 @@ Every field is checked for type and range before anything is queued, and each
 failure is an `APIError` that the server turns into HTTP 400 with the body
 `{"error": {"message", "type", "param", "code"}}`. Unknown fields are refused
 as OpenAI refuses them, so a misspelt option is an error rather than silently
-ignored. OpenAI fields whose feature verispec lacks (logprobs, penalties,
-tools) are accepted only at their neutral values.
+ignored. OpenAI fields whose feature verispec lacks (tools, response_format
+other than text) are accepted only at their neutral values.
+
+Logprobs (chat `logprobs` / `top_logprobs`, completions `logprobs: N` and
+`echo`) and the logit processors (`presence_penalty`, `frequency_penalty`,
+`logit_bias`, and vLLM's `repetition_penalty`, `min_p`, `min_tokens`) are
+honoured under speculation (verispec.processors). A lone UTF-16 surrogate in
+any string is a 400 naming the field: no tokenizer can encode it.
 
 verispec extensions: `top_k`, `ignore_eos`, and a `speculation` object
 `{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft"}`,
@@ -109,15 +115,34 @@ def _ranged(body: dict, name: str, kind: type, lo: float, hi: float, default: An
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
            "stop", "seed", "user", "frequency_penalty", "presence_penalty", "logit_bias",
-           "logprobs", "top_k", "ignore_eos", "speculation"}
+           "logprobs", "top_k", "ignore_eos", "speculation", "repetition_penalty", "min_p",
+           "min_tokens"}
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools", "tool_choice",
                    "parallel_tool_calls", "top_logprobs", "store", "metadata", "service_tier"}
 
 
+def _surrogate(value: Any, where: str) -> str | None:
+    """The path of the first string holding a lone UTF-16 surrogate, or None."""
+    if isinstance(value, str):
+        return where if any("\ud800" <= c <= "\udfff" for c in value) else None
+    if isinstance(value, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next((bad for path, v in items if (bad := _surrogate(v, path))), None)
+
+
 def check_fields(body: Any, chat: bool) -> None:
     if not isinstance(body, dict):
         raise APIError("The request body must be a JSON object.", None, "invalid_json")
+    bad = _surrogate(body, "")
+    if bad is not None:
+        # Valid JSON ("\ud800") but no valid text: every tokenizer refuses it.
+        raise APIError(f"Invalid value for '{bad}': the string holds a lone UTF-16 surrogate, "
+                       "which is not valid Unicode text", bad)
     known = _CHAT if chat else _COMPLETION
     for name in body:
         if name not in known:
@@ -143,16 +168,21 @@ def _neutral(body: dict, name: str, neutral: tuple) -> None:
 
 def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, bool]:
     """Sampling params (max_new_tokens left at a placeholder), n, stream, include_usage."""
-    for name in ("frequency_penalty", "presence_penalty"):
-        _ranged(body, name, float, -2.0, 2.0, 0.0)
-        _neutral(body, name, (0, 0.0))
-    _typed(body, "logit_bias", dict)
-    _neutral(body, "logit_bias", ({},))
+    penalties = {name: float(_ranged(body, name, float, -2.0, 2.0, 0.0))
+                 for name in ("frequency_penalty", "presence_penalty")}
+    penalties["repetition_penalty"] = float(_ranged(body, "repetition_penalty", float, 0.0, 10.0,
+                                                    1.0, lo_open=True))
+    penalties["min_p"] = float(_ranged(body, "min_p", float, 0.0, 1.0, 0.0))
+    penalties["min_tokens"] = _ranged(body, "min_tokens", int, 0, 1 << 30, 0)
+    penalties["logit_bias"] = _logit_bias(_typed(body, "logit_bias", dict, {}))
     _typed(body, "user", str)
     if chat:
-        _typed(body, "logprobs", bool)
-        _neutral(body, "logprobs", (False,))
-        _neutral(body, "top_logprobs", (0,))
+        if _typed(body, "logprobs", bool, False):
+            logprobs = _ranged(body, "top_logprobs", int, 0, 20, 0)
+        else:
+            logprobs = None
+            if _ranged(body, "top_logprobs", int, 0, 20, None) is not None:
+                raise APIError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         _neutral(body, "tools", ([],))
         _neutral(body, "tool_choice", ("none",))
         _typed(body, "parallel_tool_calls", bool)
@@ -164,8 +194,7 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
             raise APIError("Only response_format {'type': 'text'} is supported", "response_format",
                            "unsupported_parameter")
     else:
-        _typed(body, "logprobs", int)
-        _neutral(body, "logprobs", (0,))
+        logprobs = _ranged(body, "logprobs", int, 0, 20, None)
         _typed(body, "suffix", str)
         _neutral(body, "suffix", ("",))
     temperature = _ranged(body, "temperature", float, 0.0, 2.0, 1.0)
@@ -193,8 +222,24 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
     ignore_eos = _typed(body, "ignore_eos", bool, False)
     sampling = SamplingParams(temperature=float(temperature), top_k=max(0, top_k),
                               top_p=float(top_p), seed=seed, max_new_tokens=1,
-                              stop=tuple(stop), ignore_eos=ignore_eos)
+                              stop=tuple(stop), ignore_eos=ignore_eos, logprobs=logprobs,
+                              **penalties)
     return sampling, n, stream, include_usage
+
+
+def _logit_bias(raw: dict) -> dict[int, float]:
+    """OpenAI's {"token id": bias in [-100, 100]}; ids are checked against the
+    vocabulary in build_job, which knows it."""
+    out = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.strip().isdigit()):
+            raise APIError(f"Invalid key in 'logit_bias': {key!r} is not a token id",
+                           "logit_bias")
+        if not _is(value, float) or not math.isfinite(value) or not -100 <= value <= 100:
+            raise APIError(f"Invalid value in 'logit_bias' for {key}: must be a number in "
+                           f"[-100, 100], got {value!r}", "logit_bias")
+        out[int(key)] = float(value)
+    return out
 
 
 def parse_spec(body: dict, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
@@ -355,6 +400,10 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
     except ValueError as exc:
         raise APIError(str(exc), "messages" if chat else "prompt") from None
     vocab = engine.target.vocab_size
+    bad_bias = [t for t, _ in sampling.logit_bias if t >= vocab]
+    if bad_bias:
+        raise APIError(f"Invalid key in 'logit_bias': token id {bad_bias[0]} is not in "
+                       f"[0, {vocab})", "logit_bias")
     for ids in inputs:
         if not ids:
             raise APIError("The prompt is empty", "messages" if chat else "prompt")
