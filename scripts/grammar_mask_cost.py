@@ -3,8 +3,10 @@ generated token, with the default model's tokenizer (SmolLM2, 49152 tokens).
 
     python scripts/grammar_mask_cost.py [--repeats 5]
 
-For each JSON schema below, a valid document (keys in schema order, compact
-separators: both engines accept it) is tokenized and replayed token
+For each JSON schema below, a valid document (keys in schema order) is
+tokenized, in two JSON whitespace modes: flexible (each engine's default,
+what verispec uses, so the model may indent as it likes; the document is
+written with indent=2) and compact (no whitespace allowed), and replayed token
 by token through each engine: at every position the engine fills the
 next-token bitmask, then accepts the token. Reported: grammar compile time,
 median and p95 microseconds per token of (mask + accept), and the cost of a
@@ -14,6 +16,7 @@ turns document by document, so load on the shared machine hits both alike.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -43,17 +46,18 @@ SCHEMAS = {
 class Xgrammar:
     name = "xgrammar"
 
-    def __init__(self, tokenizer, vocab: int) -> None:
+    def __init__(self, tokenizer, vocab: int, flexible: bool) -> None:
         import xgrammar as xgr
 
         self.xgr = xgr
+        self.flexible = flexible
         self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab), cache_enabled=False)
         self.bitmask = xgr.allocate_token_bitmask(1, vocab)
 
     def compile(self, schema: dict):
-        return self.xgr.GrammarMatcher(self.compiler.compile_json_schema(json.dumps(schema)),
-                                       max_rollback_tokens=16)
+        return self.xgr.GrammarMatcher(self.compiler.compile_json_schema(
+            json.dumps(schema), any_whitespace=self.flexible), max_rollback_tokens=16)
 
     def step(self, matcher, token: int) -> None:
         matcher.fill_next_token_bitmask(self.bitmask)
@@ -67,19 +71,20 @@ class Xgrammar:
 class Llguidance:
     name = "llguidance"
 
-    def __init__(self, tokenizer, vocab: int) -> None:
+    def __init__(self, tokenizer, vocab: int, flexible: bool) -> None:
         import llguidance
         import llguidance.hf
         import llguidance.torch
 
         self.llg = llguidance
+        self.flexible = flexible
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
         self.fill = llguidance.torch.fill_next_token_bitmask
         self.bitmask = llguidance.torch.allocate_token_bitmask(1, vocab)
 
     def compile(self, schema: dict):
         grammar = self.llg.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": False})
+            schema, defaults={"whitespace_flexible": self.flexible})
         return self.llg.LLMatcher(self.tokenizer, grammar)
 
     def step(self, matcher, token: int) -> None:
@@ -98,7 +103,10 @@ def measure(engine, schema: dict, tokens: list[int]) -> dict:
     per_token = []
     for token in tokens:
         start = time.perf_counter()
-        engine.step(matcher, token)
+        try:
+            engine.step(matcher, token)
+        except RuntimeError:
+            return None
         per_token.append(time.perf_counter() - start)
     start = time.perf_counter()
     engine.rollback(matcher, 4)
@@ -114,21 +122,27 @@ def main() -> None:
 
     tokenizer = gguf_tokenizer(default_gguf_path())
     vocab = len(tokenizer)
-    engines = [Xgrammar(tokenizer, vocab), Llguidance(tokenizer, vocab)]
     print(f"tokenizer: SmolLM2 (default model), {vocab} tokens; {args.repeats} repeats")
-    for name, (schema, document) in SCHEMAS.items():
-        # Compact separators: the grammar engines' default JSON whitespace rules differ.
-        tokens = tokenizer.encode(json.dumps(document, separators=(",", ":")),
-                                  add_special_tokens=False)
+    for (name, (schema, document)), flexible in itertools.product(SCHEMAS.items(), (True, False)):
+        engines = [Xgrammar(tokenizer, vocab, flexible), Llguidance(tokenizer, vocab, flexible)]
+        text = json.dumps(document, indent=2) if flexible else \
+            json.dumps(document, separators=(",", ":"))
+        tokens = tokenizer.encode(text, add_special_tokens=False)
         rows = {e.name: {"compile": [], "tokens": [], "rollback": []} for e in engines}
         for _ in range(args.repeats):
-            for engine in engines:
+            for engine in [e for e in engines if rows[e.name] is not None]:
                 result = measure(engine, schema, tokens)
+                if result is None:
+                    rows[engine.name] = None
+                    continue
                 for key in rows[engine.name]:
                     value = result[key]
                     rows[engine.name][key].extend(value if isinstance(value, list) else [value])
-        print(f"\n{name}: {len(tokens)} tokens")
+        print(f"\n{name}, {'flexible' if flexible else 'compact'} whitespace: {len(tokens)} tokens")
         for engine_name, row in rows.items():
+            if row is None:
+                print(f"  {engine_name:11s} refused a token of this valid document")
+                continue
             times = sorted(row["tokens"])
             p95 = times[int(0.95 * (len(times) - 1))]
             print(f"  {engine_name:11s} compile {statistics.median(row['compile']) * 1e3:8.1f} ms"

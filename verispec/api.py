@@ -14,6 +14,7 @@ from .metrics import Stats
 from .models.base import TargetModel
 from .models.llama import NativeLlama
 from .models.loading import DEFAULT_MODEL, load_target
+from .grammar import Constraint, ll_tokenizer
 from .processors import TokenLogprob, logprob_rows
 from .proposers.base import ProposerSetup
 from .sampling import make_generator
@@ -123,6 +124,7 @@ class Engine:
             self.backend = loaded.backend
             self.weights = loaded.weights
         self._drafts: dict[str, TargetModel] = {}
+        self._ll_tokenizer = None  # llguidance's view of the tokenizer, built on first use
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -220,7 +222,17 @@ class Engine:
                       lossy=spec.lossy_typical and not sampling.greedy,
                       adaptive=spec.adaptive and spec.proposer != "none", weights=self.weights)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
-                           own_timing=own_timing)
+                           own_timing=own_timing, constraint=self.constraint(sampling))
+
+    def constraint(self, sampling: SamplingParams) -> Constraint | None:
+        """The request's grammar state (verispec.grammar), compiled for this tokenizer."""
+        if sampling.grammar is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("a grammar needs the model's tokenizer")
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = ll_tokenizer(self.tokenizer, self.target.vocab_size)
+        return Constraint(sampling.grammar, self._ll_tokenizer, self.target.vocab_size)
 
     def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
                chat: bool) -> tuple[Iterator[Step], Stats]:

@@ -2,9 +2,37 @@
 so a bad value fails with a ValueError before any model work starts."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 TREE_SHAPES = ("dynamic", "topb")  # shapes of model-drafted trees (verispec.proposers.tree_drafting)
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the output must match: a JSON schema (JSON text), any JSON object,
+    a regular expression, or a Lark grammar (llguidance's dialect)."""
+    kind: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+        if self.kind != "json_object" and not self.source:
+            raise ValueError(f"a {self.kind} grammar needs its source text")
+
+    def llguidance(self) -> str:
+        """The grammar in llguidance's own format."""
+        import llguidance  # the grammar engine (verispec.grammar says why)
+
+        if self.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+        if self.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(json.loads(self.source))
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.source)
+        return llguidance.LLMatcher.grammar_from_lark(self.source)
 
 
 @dataclass(frozen=True)
@@ -26,6 +54,7 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens with probability under min_p times the top one's; 0 disables
     min_tokens: int = 0  # EOS is impossible before this many tokens are generated
     logprobs: int | None = None  # None: none; N: the emitted token's logprob and the N best
+    grammar: Grammar | None = None  # the output must match it (verispec.grammar)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -26,6 +26,7 @@ import torch
 
 from .config import SamplingParams, SpecConfig
 from .economics import load_profile
+from .grammar import Constraint, apply_mask, constrained_proposal, masked_draft_probs
 from .metrics import Stats, StepRecord
 from .policy import AdaptiveK, StepObservation
 from .models.base import BatchItem, ForwardOutput, TargetModel
@@ -82,6 +83,7 @@ class _Pending:
     shadow: Proposal | None = None  # an unverified guess at k = 0, for acceptance evidence
     prefill: bool = False
     evidence: Evidence | None = None  # what the proposer told the controller before k was chosen
+    allowed: torch.Tensor | None = None  # [k + 1, vocab] bool: the grammar's mask per verified row
 
 
 class SpecRequest:
@@ -94,7 +96,8 @@ class SpecRequest:
 
     def __init__(self, target: TargetModel, prompt: list[int], sampling: SamplingParams,
                  spec: SpecConfig, proposer: Proposer, stopper: Stopper,
-                 generator: torch.Generator, stats: Stats, own_timing: bool = True) -> None:
+                 generator: torch.Generator, stats: Stats, own_timing: bool = True,
+                 constraint: Constraint | None = None) -> None:
         """`own_timing`: the adaptive controller prices k from this request's
         measured forward times. A batch scheduler passes False: its step times
         belong to the whole batch, and it chooses k for the batch itself."""
@@ -105,6 +108,7 @@ class SpecRequest:
         self.own_timing = own_timing
         # Validates logit_bias ids against the vocabulary before any model work.
         self.processor = LogitProcessor(sampling, target.vocab_size, target.eos_token_ids)
+        self.constraint = constraint  # a grammar the output must match (verispec.grammar)
         # A tree step briefly holds all its nodes before compaction.
         self.cache = target.new_cache(capacity=min(
             target.max_context, len(prompt) + sampling.max_new_tokens + spec.tree))
@@ -178,7 +182,8 @@ class SpecRequest:
         shadow = None
         if budget > 0:
             ctx.target_hidden = self._held.release(self.hidden)
-            proposal = self.proposer.propose(ctx, budget)
+            proposal = self.proposer.propose(ctx, budget) if self.constraint is None else \
+                constrained_proposal(self.constraint, self.proposer, ctx, budget)
         elif self.shadows and allow_shadow and room > 0:
             shadow = self.proposer.propose(ctx, 1)
         else:
@@ -196,8 +201,12 @@ class SpecRequest:
                              mask=feed.layout.mask, hidden_layers=hidden_layers)
         drafts = proposal.tokens[:budget].to(torch.long)
         probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
+        allowed = None
+        if self.constraint is not None:
+            allowed = self.constraint.masks(drafts.tolist())  # [k + 1, vocab]
+            probs = masked_draft_probs(probs, allowed[: drafts.shape[0]])
         self._pending = _Pending(budget, draft_seconds, drafts, probs, shadow=shadow,
-                                 evidence=evidence)
+                                 evidence=evidence, allowed=allowed)
         feed = torch.cat([torch.tensor([self.tokens[-1]]), drafts])  # [k + 1]
         return BatchItem(feed, self.cache, hidden_layers=hidden_layers)
 
@@ -224,6 +233,8 @@ class SpecRequest:
             if self.finish_reason:
                 break
         self.tokens.extend(committed)
+        if self.constraint is not None:
+            self.constraint.commit(committed)
         # Cut with the tokens: nothing past EOS, a stop string or max_new_tokens (vLLM #47616).
         logprobs = outcome.logprobs[: len(committed)] if outcome.logprobs is not None else None
         stats = self.stats
@@ -277,6 +288,8 @@ class SpecRequest:
         drafts = pending.drafts
         logits = self.processor.process(out.logits, self.tokens, self.num_prompt, drafts,
                                         chain_ancestry(drafts.shape[0]))  # [k + 1, vocab]
+        if pending.allowed is not None:
+            logits = apply_mask(logits, pending.allowed)
         verdict = _verify(drafts, pending.draft_probs, logits, self.sampling, self.generator,
                           self.spec.lossy_typical)
         # Roll back the rejected drafts: keep the fed token and the accepted ones.
