@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 TREE_SHAPES = ("dynamic", "topb")  # shapes of model-drafted trees (verispec.proposers.tree_drafting)
+JSON_WHITESPACE = r"[ \n]{0,24}"  # between JSON tokens: room for indented output, not for ever
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
 
 
@@ -26,10 +27,15 @@ class Grammar:
         """The grammar in llguidance's own format."""
         import llguidance  # the grammar engine (verispec.grammar says why)
 
+        # JSON whitespace is bounded: a weak model can otherwise loop on blank space
+        # for ever inside a flexible-whitespace grammar and never close the object.
+        options = {"whitespace_pattern": JSON_WHITESPACE}
         if self.kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"},
+                                                                 defaults=options)
         if self.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(json.loads(self.source))
+            return llguidance.LLMatcher.grammar_from_json_schema(json.loads(self.source),
+                                                                 defaults=options)
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.source)
         return llguidance.LLMatcher.grammar_from_lark(self.source)
