@@ -184,3 +184,26 @@ def test_bad_grammars_fail_cleanly(engine):
 def _run(engine, request):
     from verispec.engine import run_alone
     return run_alone(engine.target, request)
+
+
+@pytest.mark.slow
+def test_default_model_fills_schemas(default_engine):
+    """The default model, constrained, on real prompts: every answer validates."""
+    cases = [
+        ("Describe a fictional person.", SCHEMAS[0]),
+        ("Is water wet? Answer with ok and a kind.", SCHEMAS[1]),
+        ("Give three short tags for a cooking blog.", SCHEMAS[2]),
+        ("Write a JSON object with two short keys about the weather.", None),
+    ]
+    for i, (prompt, schema) in enumerate(cases):
+        grammar = Grammar("json_object") if schema is None else _grammar(schema)
+        sampling = SamplingParams(max_new_tokens=256, grammar=grammar, temperature=0.7 * (i % 2),
+                                  seed=i)
+        ids = default_engine.encode(prompt, chat=True)
+        got = default_engine.generate(ids, sampling, SpecConfig("ngram", k=6))
+        assert got.finish_reason == "stop", got.text
+        value = json.loads(got.text)
+        if schema is None:
+            assert isinstance(value, dict)
+        else:
+            jsonschema.validate(value, schema)

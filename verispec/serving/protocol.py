@@ -4,8 +4,9 @@ Every field is checked for type and range before anything is queued, and each
 failure is an `APIError` that the server turns into HTTP 400 with the body
 `{"error": {"message", "type", "param", "code"}}`. Unknown fields are refused
 as OpenAI refuses them, so a misspelt option is an error rather than silently
-ignored. OpenAI fields whose feature verispec lacks (tools, response_format
-other than text) are accepted only at their neutral values.
+ignored. `response_format` (json_object, json_schema, and verispec's regex /
+grammar) and `tools` with a forcing `tool_choice` (verispec.serving.tools)
+constrain the output with a grammar (verispec.grammar).
 
 Logprobs (chat `logprobs` / `top_logprobs`, completions `logprobs: N` and
 `echo`) and the logit processors (`presence_penalty`, `frequency_penalty`,
@@ -22,12 +23,13 @@ in `verispec.serving.provenance`). Without it a stream is exactly OpenAI's.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import spec_text
-from ..config import SamplingParams, SpecConfig
+from ..config import Grammar, SamplingParams, SpecConfig
 
 MAX_N = 16
 MAX_K = 32
@@ -69,6 +71,7 @@ class Job:
     include_usage: bool
     echo: bool
     include_provenance: bool = False  # stream_options.include_provenance (a verispec extension)
+    tools: Any = None  # a verispec.serving.tools.ToolPlan: the reply is a tool call
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice i of n draws from its own seed, so seeded choices differ but repeat."""
@@ -183,18 +186,14 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
             logprobs = None
             if _ranged(body, "top_logprobs", int, 0, 20, None) is not None:
                 raise APIError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
-        _neutral(body, "tools", ([],))
-        _neutral(body, "tool_choice", ("none",))
         _typed(body, "parallel_tool_calls", bool)
         _typed(body, "store", bool)
         _typed(body, "metadata", dict)
         _typed(body, "service_tier", str)
-        fmt = _typed(body, "response_format", dict)
-        if fmt is not None and fmt.get("type") != "text":
-            raise APIError("Only response_format {'type': 'text'} is supported", "response_format",
-                           "unsupported_parameter")
+        grammar = response_grammar(_typed(body, "response_format", dict))
     else:
         logprobs = _ranged(body, "logprobs", int, 0, 20, None)
+        grammar = None
         _typed(body, "suffix", str)
         _neutral(body, "suffix", ("",))
     temperature = _ranged(body, "temperature", float, 0.0, 2.0, 1.0)
@@ -223,8 +222,31 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
     sampling = SamplingParams(temperature=float(temperature), top_k=max(0, top_k),
                               top_p=float(top_p), seed=seed, max_new_tokens=1,
                               stop=tuple(stop), ignore_eos=ignore_eos, logprobs=logprobs,
-                              **penalties)
+                              grammar=grammar, **penalties)
     return sampling, n, stream, include_usage
+
+
+def response_grammar(fmt: dict | None) -> Grammar | None:
+    """OpenAI's response_format as a grammar: text (none), json_object, json_schema
+    ({"json_schema": {"name", "schema", "strict"}}); verispec extensions
+    {"type": "regex", "regex": str} and {"type": "grammar", "grammar": str} (Lark,
+    llguidance's dialect). Non-strict json_schema is enforced too: stricter than asked."""
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return Grammar("json_object")
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise APIError("response_format json_schema needs {'json_schema': {'name': ..., "
+                           "'schema': {...}}}", "response_format.json_schema")
+        return Grammar("json_schema", json.dumps(spec.get("schema", {})))
+    if kind in ("regex", "grammar") and isinstance(fmt.get(kind), str) and fmt[kind]:
+        return Grammar("regex" if kind == "regex" else "lark", fmt[kind])
+    raise APIError(f"Invalid value for 'response_format.type': {kind!r}; use text, json_object, "
+                   "json_schema, or verispec's regex / grammar (with the pattern under that key)",
+                   "response_format.type")
 
 
 def _logit_bias(raw: dict) -> dict[int, float]:
@@ -389,9 +411,22 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
     if engine.tokenizer is None and (chat or sampling.stop):
         raise APIError("this model has no tokenizer: send token ids, without chat or stop",
                        "messages" if chat else "stop")
+    tools = None
+    if chat:
+        from .tools import plan_tools  # tools builds on this module's APIError
+
+        tools = plan_tools(body)
+        if tools is not None:
+            if sampling.grammar is not None:
+                raise APIError("a forced tool call and a response_format cannot be combined",
+                               "response_format")
+            sampling = replace(sampling, grammar=tools.grammar)
     try:
         if chat:
-            inputs: list = [encode_chat(engine, message_texts(body))]
+            messages = message_texts(body)
+            if tools is not None:
+                messages = [{"role": "system", "content": tools.note}] + messages
+            inputs: list = [encode_chat(engine, messages)]
             texts = [""]
         else:
             inputs = prompt_inputs(body)
@@ -400,6 +435,12 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
     except ValueError as exc:
         raise APIError(str(exc), "messages" if chat else "prompt") from None
     vocab = engine.target.vocab_size
+    if sampling.grammar is not None:
+        try:
+            engine.constraint(sampling)  # compiles it: a bad schema or pattern is a 400 now
+        except (ValueError, RuntimeError) as exc:
+            raise APIError(f"Invalid {'tools' if tools else 'response_format'}: {exc}",
+                           "tools" if tools else "response_format") from None
     bad_bias = [t for t, _ in sampling.logit_bias if t >= vocab]
     if bad_bias:
         raise APIError(f"Invalid key in 'logit_bias': token id {bad_bias[0]} is not in "
@@ -417,7 +458,7 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
         raise APIError("stream_options.include_provenance cannot be combined with 'stop'",
                        "stream_options")
     return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, n, stream,
-               include_usage, echo, provenance)
+               include_usage, echo, provenance, tools)
 
 
 def serve_defaults(args: argparse.Namespace) -> ServeDefaults:

@@ -33,6 +33,7 @@ from . import logprobs as lp_format
 from .metrics import ServingMetrics
 from .protocol import APIError, Job, ServeDefaults, build_job
 from .provenance import ChoiceProvenance
+from .tools import tool_calls
 from .scheduler import Failure, Progress, QueueFull, Scheduler, SchedulerClosed, SchedulerConfig, Ticket
 
 
@@ -294,6 +295,9 @@ async def _complete(run: _Run, first, request: Request, ident: str, chat: bool, 
                         "speculation": run.speculation(i)}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
+            call = _tool_reply(run, i, text)
+            if call is not None:
+                choice["message"], choice["finish_reason"] = call
         else:
             echo = run.job.prompt_texts[i // run.job.n] if run.job.echo else ""
             choice["text"] = echo + text
@@ -306,6 +310,16 @@ async def _complete(run: _Run, first, request: Request, ident: str, chat: bool, 
             "usage": run.usage(), "speculation": run.speculation()}
 
 
+def _tool_reply(run: _Run, index: int, text: str) -> tuple[dict, str] | None:
+    """A forced tool call's message and finish reason; None for a plain answer or a
+    call cut short by max_tokens (then the text is returned as it is, with "length")."""
+    plan = run.job.tools
+    if plan is None or run.finish[index] != "stop":
+        return None
+    return ({"role": "assistant", "content": None, "tool_calls": tool_calls(plan, text)},
+            "tool_calls")
+
+
 async def _stream(run: _Run, first, ident: str, chat: bool, model: str, engine: Engine):
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -316,6 +330,7 @@ async def _stream(run: _Run, first, ident: str, chat: bool, model: str, engine: 
                 "choices": choices, **usage_field, **extra}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
+    held = [""] * len(run.tickets)  # a tool call's arguments, sent whole when complete
     try:
         if chat:
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -338,8 +353,19 @@ async def _stream(run: _Run, first, ident: str, chat: bool, model: str, engine: 
                     extra["provenance"] = run.provenance[index].step(ev.record, ev.tokens,
                                                                      reason is not None)
                 shown = run.deltas[index].take_logprobs(final=reason is not None)
-                if delta or extra or shown:
-                    body = {"delta": {"content": delta} if delta else {}} if chat else {"text": delta}
+                body = None
+                if run.job.tools is not None:
+                    # The arguments stream as one piece, once the call is complete.
+                    held[index] += delta
+                    delta = held[index] if reason else ""
+                    call = _tool_reply(run, index, held[index]) if reason else None
+                    if call is not None:
+                        calls = [dict(c, index=j) for j, c in enumerate(call[0]["tool_calls"])]
+                        body, delta, reason = {"delta": {"tool_calls": calls}}, "", call[1]
+                if delta or extra or shown or body:
+                    if body is None:
+                        body = {"delta": {"content": delta} if delta else {}} if chat else \
+                            {"text": delta}
                     logprobs = run.choice_logprobs(index, shown, engine)
                     yield chunk([{"index": index, **body, "logprobs": logprobs,
                                   "finish_reason": reason, **extra}])
