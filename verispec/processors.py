@@ -78,21 +78,7 @@ class LogitProcessor:
         if self.bias is not None:
             out += self.bias.to(device)  # [R, vocab]
         if self.penalized:
-            generated = torch.tensor(list(committed[num_prompt:]), dtype=torch.long, device=device)
-            counts = torch.bincount(generated, minlength=vocab).float().expand(rows, vocab)
-            if in_prefix is not None:
-                one_hot = torch.nn.functional.one_hot(drafts.to(device), vocab).float()  # [N, vocab]
-                counts = counts + in_prefix @ one_hot  # [R, vocab]; exact small integers
-            if self.repetition != 1.0:
-                prompt = torch.tensor(list(committed[:num_prompt]), dtype=torch.long, device=device)
-                in_prompt = torch.bincount(prompt, minlength=vocab) > 0  # [vocab]
-                seen = (counts > 0) | in_prompt  # [R, vocab]
-                scaled = torch.where(out > 0, out / self.repetition, out * self.repetition)
-                out = torch.where(seen, scaled, out)
-            if self.frequency != 0.0:
-                out = out - self.frequency * counts
-            if self.presence != 0.0:
-                out = out - self.presence * (counts > 0).float()
+            out = self._penalize(out, committed, num_prompt, drafts, ancestry)
         if self.eos is not None:
             produced = len(committed) - num_prompt + (
                 in_prefix.sum(-1) if in_prefix is not None else torch.zeros(rows, device=device))
@@ -100,6 +86,40 @@ class LogitProcessor:
             if held.numel():
                 eos = self.eos.to(device)
                 out[held[:, None], eos[None, :]] = float("-inf")
+        return out
+
+    def _penalize(self, out: torch.Tensor, committed: Sequence[int], num_prompt: int,
+                  drafts: torch.Tensor | None, ancestry: torch.Tensor | None) -> torch.Tensor:
+        """The penalties, on the columns of tokens some row has seen only: a few
+        hundred of a vocabulary of tens of thousands, so [R, U] work, not [R, vocab].
+        Every other column has count 0 and is not seen, which the penalties leave be."""
+        rows, vocab = out.shape
+        device = out.device
+        history = torch.tensor(list(committed), dtype=torch.long, device=device)
+        drafted = drafts.to(device) if drafts is not None and drafts.numel() else \
+            torch.empty(0, dtype=torch.long, device=device)
+        ids, where = torch.unique(torch.cat([history, drafted]), return_inverse=True)  # [U]
+        counts = torch.zeros(ids.numel(), device=device)  # [U]: output tokens committed
+        counts.index_add_(0, where[num_prompt:history.numel()],
+                          torch.ones(history.numel() - num_prompt, device=device))
+        counts = counts.expand(rows, -1).clone()  # [R, U]
+        if drafted.numel():
+            # counts[r, drafts[j]] += 1 for every draft j in row r's prefix.
+            row, col = ancestry.to(device).nonzero(as_tuple=True)
+            counts.index_put_((row, where[history.numel():][col]),
+                              torch.ones(row.numel(), device=device), accumulate=True)
+        block = out[:, ids]  # [R, U]
+        if self.repetition != 1.0:
+            in_prompt = torch.zeros(ids.numel(), dtype=torch.bool, device=device)
+            in_prompt[where[:num_prompt]] = True
+            seen = (counts > 0) | in_prompt  # [R, U]
+            scaled = torch.where(block > 0, block / self.repetition, block * self.repetition)
+            block = torch.where(seen, scaled, block)
+        if self.frequency != 0.0:
+            block = block - self.frequency * counts
+        if self.presence != 0.0:
+            block = block - self.presence * (counts > 0).float()
+        out[:, ids] = block
         return out
 
     def one(self, logits: torch.Tensor, committed: Sequence[int], num_prompt: int) -> torch.Tensor:
