@@ -139,3 +139,28 @@ def test_completion_logprobs_echo_and_stop(lp_server):
     tokens = [t for e in events for c in e["choices"] if c["logprobs"]
               for t in c["logprobs"]["tokens"]]
     assert tokens == logprobs["tokens"]
+
+
+def test_async_client_with_penalties_equals_the_engine(lp_server):
+    """openai's AsyncOpenAI, penalties and logit_bias in the body: the server's
+    speculative answer equals the engine's plain one with the same settings."""
+    import asyncio
+
+    engine, server = lp_server
+    prompt = "abcabcabcab"
+    settings = dict(presence_penalty=1.0, frequency_penalty=0.5, logit_bias={"5": 3.0})
+    want = engine.generate(prompt, SamplingParams(
+        max_new_tokens=20, presence_penalty=1.0, frequency_penalty=0.5,
+        logit_bias={5: 3.0}, repetition_penalty=1.2, min_tokens=3), PLAIN)
+
+    async def ask():
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
+                                    max_retries=0)
+        return await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=20, temperature=0, **settings,
+            extra_body={"repetition_penalty": 1.2, "min_tokens": 3})
+
+    got = asyncio.run(ask())
+    assert got.choices[0].text == want.text
+    unprocessed = engine.generate(prompt, SamplingParams(max_new_tokens=20), PLAIN)
+    assert unprocessed.text != want.text
