@@ -23,27 +23,18 @@ in `verispec.serving.provenance`). Without it a stream is exactly OpenAI's.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import spec_text
-from ..config import Grammar, SamplingParams, SpecConfig
+from ..config import SamplingParams, SpecConfig
+from .errors import APIError
+from .options import logit_bias, response_grammar, surrogate_path
+from .tools import plan_tools
 
 MAX_N = 16
 MAX_K = 32
-
-
-class APIError(Exception):
-    def __init__(self, message: str, param: str | None = None, code: str | None = "invalid_value",
-                 status: int = 400, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -125,23 +116,10 @@ _CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tool
                    "parallel_tool_calls", "top_logprobs", "store", "metadata", "service_tier"}
 
 
-def _surrogate(value: Any, where: str) -> str | None:
-    """The path of the first string holding a lone UTF-16 surrogate, or None."""
-    if isinstance(value, str):
-        return where if any("\ud800" <= c <= "\udfff" for c in value) else None
-    if isinstance(value, dict):
-        items = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
-    elif isinstance(value, list):
-        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    return next((bad for path, v in items if (bad := _surrogate(v, path))), None)
-
-
 def check_fields(body: Any, chat: bool) -> None:
     if not isinstance(body, dict):
         raise APIError("The request body must be a JSON object.", None, "invalid_json")
-    bad = _surrogate(body, "")
+    bad = surrogate_path(body, "")
     if bad is not None:
         # Valid JSON ("\ud800") but no valid text: every tokenizer refuses it.
         raise APIError(f"Invalid value for '{bad}': the string holds a lone UTF-16 surrogate, "
@@ -177,7 +155,7 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
                                                     1.0, lo_open=True))
     penalties["min_p"] = float(_ranged(body, "min_p", float, 0.0, 1.0, 0.0))
     penalties["min_tokens"] = _ranged(body, "min_tokens", int, 0, 1 << 30, 0)
-    penalties["logit_bias"] = _logit_bias(_typed(body, "logit_bias", dict, {}))
+    penalties["logit_bias"] = logit_bias(_typed(body, "logit_bias", dict, {}))
     _typed(body, "user", str)
     if chat:
         if _typed(body, "logprobs", bool, False):
@@ -224,44 +202,6 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
                               stop=tuple(stop), ignore_eos=ignore_eos, logprobs=logprobs,
                               grammar=grammar, **penalties)
     return sampling, n, stream, include_usage
-
-
-def response_grammar(fmt: dict | None) -> Grammar | None:
-    """OpenAI's response_format as a grammar: text (none), json_object, json_schema
-    ({"json_schema": {"name", "schema", "strict"}}); verispec extensions
-    {"type": "regex", "regex": str} and {"type": "grammar", "grammar": str} (Lark,
-    llguidance's dialect). Non-strict json_schema is enforced too: stricter than asked."""
-    if fmt is None or fmt.get("type") == "text":
-        return None
-    kind = fmt.get("type")
-    if kind == "json_object":
-        return Grammar("json_object")
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise APIError("response_format json_schema needs {'json_schema': {'name': ..., "
-                           "'schema': {...}}}", "response_format.json_schema")
-        return Grammar("json_schema", json.dumps(spec.get("schema", {})))
-    if kind in ("regex", "grammar") and isinstance(fmt.get(kind), str) and fmt[kind]:
-        return Grammar("regex" if kind == "regex" else "lark", fmt[kind])
-    raise APIError(f"Invalid value for 'response_format.type': {kind!r}; use text, json_object, "
-                   "json_schema, or verispec's regex / grammar (with the pattern under that key)",
-                   "response_format.type")
-
-
-def _logit_bias(raw: dict) -> dict[int, float]:
-    """OpenAI's {"token id": bias in [-100, 100]}; ids are checked against the
-    vocabulary in build_job, which knows it."""
-    out = {}
-    for key, value in raw.items():
-        if not (isinstance(key, str) and key.strip().isdigit()):
-            raise APIError(f"Invalid key in 'logit_bias': {key!r} is not a token id",
-                           "logit_bias")
-        if not _is(value, float) or not math.isfinite(value) or not -100 <= value <= 100:
-            raise APIError(f"Invalid value in 'logit_bias' for {key}: must be a number in "
-                           f"[-100, 100], got {value!r}", "logit_bias")
-        out[int(key)] = float(value)
-    return out
 
 
 def parse_spec(body: dict, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
@@ -413,8 +353,6 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
                        "messages" if chat else "stop")
     tools = None
     if chat:
-        from .tools import plan_tools  # tools builds on this module's APIError
-
         tools = plan_tools(body)
         if tools is not None:
             if sampling.grammar is not None:

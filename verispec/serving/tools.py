@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Grammar
-from .protocol import APIError
+from .errors import APIError
 
 
 @dataclass(frozen=True)
