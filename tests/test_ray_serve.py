@@ -326,7 +326,8 @@ def test_health_and_metrics_cover_every_replica(ray_app, model_dir):
     per = {}
     for line in text.splitlines():
         if line.startswith('verispec_replica_requests_total{') and 'outcome="finished"' in line:
-            per[line.split('"')[1]] = float(line.split()[-1])
+            # Label order is not part of the format (prometheus-client sorts them).
+            per[re.search(r'replica="([^"]*)"', line).group(1)] = float(line.split()[-1])
     total = next(float(line.split()[-1]) for line in text.splitlines()
                  if line.startswith('verispec_requests_total{outcome="finished"}'))
     assert len(per) == 2 and all(v > 0 for v in per.values()) and sum(per.values()) == total

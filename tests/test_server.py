@@ -216,6 +216,31 @@ BAD = [  # (path, body, param the error names)
     ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}, "messages"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": 5}]},
      "messages[0].content"),
+    # A lone UTF-16 surrogate is valid JSON but no text a tokenizer can encode.
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "\ud800"}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}]},
+     "messages[0].content[0].text"),
+    ("/v1/completions", {"model": "tiny", "prompt": ["ok", "x\udc00"]}, "prompt[1]"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "stop": ["\ud83d"]}, "stop[0]"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "logit_bias": {"5": 500}}, "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "logit_bias": {"96": 1}}, "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "logit_bias": [1]}, "logit_bias"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "presence_penalty": 3}, "presence_penalty"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "repetition_penalty": 0},
+     "repetition_penalty"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "min_p": 1.5}, "min_p"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "min_tokens": -1}, "min_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "logprobs": 30}, "logprobs"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                              "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                              "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                              "logprobs": 1}, "logprobs"),
 ]
 
 

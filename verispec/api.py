@@ -10,10 +10,12 @@ import torch
 from . import proposers
 from .config import DEFAULT_SPEC, SamplingParams, SpecConfig
 from .engine import SpecRequest, Step, run_alone, validate_prompt
+from .grammar import Constraint, ll_tokenizer
 from .metrics import Stats
 from .models.base import TargetModel
 from .models.llama import NativeLlama
 from .models.loading import DEFAULT_MODEL, load_target
+from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
 from .proposers.base import ProposerSetup
 from .sampling import make_generator
@@ -27,10 +29,15 @@ class Result:
     token_ids: list[int]  # generated ids; they end with the EOS or the stop-completing token
     stats: Stats
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when sampling.logprobs is set
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids,
-                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        out = {"text": self.text, "token_ids": self.token_ids,
+               "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob,
+                                "top": [list(pair) for pair in lp.top]} for lp in self.logprobs]
+        return out
 
 
 @dataclass
@@ -39,20 +46,40 @@ class Chunk:
     text: str  # new text safe to show: never part of a stop string
     finish_reason: str | None
     stats: Stats
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when sampling.logprobs is set
+
+
+@dataclass(frozen=True)
+class ShownLogprob:
+    """A token's logprob released with the text it starts in."""
+    logprob: TokenLogprob
+    offset: int  # where the token's text starts in the shown output
 
 
 class TextDeltas:
     """Turns committed token blocks into text deltas safe to show: never part of
-    a stop string, never half a UTF-8 character (held back until resolved)."""
+    a stop string, never half a UTF-8 character (held back until resolved).
+
+    Logprobs pushed with the tokens are released with the text: a token's entry
+    leaves once the shown text reaches past where the token starts, so nothing
+    past a stop string is reported (vLLM #47616) and the EOS token, which adds no
+    text, is never reported."""
 
     def __init__(self, decode, stops: tuple[str, ...]) -> None:
         self.decode = decode
         self.stops = stops
         self.ids: list[int] = []
         self.shown = 0
+        self._waiting: list[ShownLogprob] = []
+        self.released: list[ShownLogprob] = []  # every logprob shown so far, in order
 
-    def push(self, tokens: list[int], final: bool) -> str:
-        self.ids.extend(tokens)
+    def push(self, tokens: list[int], final: bool,
+             logprobs: list[TokenLogprob] | None = None) -> str:
+        for i, token in enumerate(tokens):
+            if logprobs is not None:
+                offset = len(self.decode(self.ids)) if self.ids else 0
+                self._waiting.append(ShownLogprob(logprobs[i], offset))
+            self.ids.append(token)
         text = trim_at_stop(self.decode(self.ids), self.stops)
         safe = len(text)
         if not final:
@@ -62,6 +89,17 @@ class TextDeltas:
         delta = text[self.shown:max(self.shown, safe)]
         self.shown = max(self.shown, safe)
         return delta
+
+    def take_logprobs(self, final: bool = False) -> list[ShownLogprob]:
+        """The logprobs whose tokens' text is now shown; at the end, the tokens
+        that added no shown text (EOS, what a stop string cut) are dropped."""
+        count = 0
+        while count < len(self._waiting) and self._waiting[count].offset < self.shown:
+            count += 1
+        ready = self._waiting[:count]
+        self._waiting = [] if final else self._waiting[count:]
+        self.released.extend(ready)
+        return ready
 
 
 class Engine:
@@ -89,6 +127,7 @@ class Engine:
             self.weights = loaded.weights
             self.backend_note = loaded.backend_note
         self._drafts: dict[str, TargetModel] = {}
+        self._ll_tokenizer = None  # llguidance's view of the tokenizer, built on first use
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -107,6 +146,12 @@ class Engine:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens included (logprobs name them)."""
+        if self.tokenizer is None:
+            return f"<{token}>"
+        return self.tokenizer.decode([token], skip_special_tokens=False)
 
     # -- drafts -------------------------------------------------------------
     def load_draft(self, source: str) -> TargetModel:
@@ -168,7 +213,17 @@ class Engine:
                       adaptive=spec.adaptive and spec.proposer != "none", weights=self.weights,
                       backend=self.backend_note)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
-                           own_timing=own_timing)
+                           own_timing=own_timing, constraint=self.constraint(sampling))
+
+    def constraint(self, sampling: SamplingParams) -> Constraint | None:
+        """The request's grammar state (verispec.grammar), compiled for this tokenizer."""
+        if sampling.grammar is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("a grammar needs the model's tokenizer")
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = ll_tokenizer(self.tokenizer, self.target.vocab_size)
+        return Constraint(sampling.grammar, self._ll_tokenizer, self.target.vocab_size)
 
     def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
                chat: bool) -> tuple[Iterator[Step], Stats]:
@@ -183,12 +238,37 @@ class Engine:
         deltas = TextDeltas(self.decode, sampling.stop)
         for step in steps:
             delta = deltas.push(step.tokens, final=bool(step.finish_reason))
-            yield Chunk(step.tokens, delta, step.finish_reason, stats)
+            yield Chunk(step.tokens, delta, step.finish_reason, stats, step.logprobs)
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                  spec: SpecConfig | None = None, chat: bool = False) -> Result:
         sampling = sampling or SamplingParams()
         steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat)
-        ids = [token for step in steps for token in step.tokens]
+        ids: list[int] = []
+        logprobs: list[TokenLogprob] | None = [] if sampling.logprobs is not None else None
+        for step in steps:
+            ids.extend(step.tokens)
+            if logprobs is not None:
+                logprobs.extend(step.logprobs)
         text = trim_at_stop(self.decode(ids), sampling.stop)
-        return Result(text, ids, stats, stats.finish_reason or "length")
+        return Result(text, ids, stats, stats.finish_reason or "length", logprobs)
+
+    def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[TokenLogprob | None]:
+        """Each prompt token's logprob under the target given the tokens before it
+        (None for the first), and the `top` best: OpenAI's echo with logprobs.
+        The target's raw distribution: the request's processors and temperature
+        shape what it generates, not what it was given."""
+        if len(ids) < 2:
+            return [None] * len(ids)
+        cache = self.target.new_cache(capacity=len(ids))
+        with torch.no_grad():
+            logits = self.target.forward(torch.tensor(ids[:-1]), cache,
+                                         num_logits=len(ids) - 1).logits  # [n - 1, vocab]
+        rows = logprob_rows(logits, SamplingParams())  # [n - 1, vocab]
+        picked = rows.gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1).tolist()
+        tops = rows.topk(top, dim=-1) if top else None
+        out: list[TokenLogprob | None] = [None]
+        for i, (token, value) in enumerate(zip(ids[1:], picked)):
+            best = tuple(zip(tops.indices[i].tolist(), tops.values[i].tolist())) if top else ()
+            out.append(TokenLogprob(token, value, best))
+        return out

@@ -2,9 +2,43 @@
 so a bad value fails with a ValueError before any model work starts."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 TREE_SHAPES = ("dynamic", "topb")  # shapes of model-drafted trees (verispec.proposers.tree_drafting)
+JSON_WHITESPACE = r"[ \n]{0,24}"  # between JSON tokens: room for indented output, not for ever
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the output must match: a JSON schema (JSON text), any JSON object,
+    a regular expression, or a Lark grammar (llguidance's dialect)."""
+    kind: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+        if self.kind != "json_object" and not self.source:
+            raise ValueError(f"a {self.kind} grammar needs its source text")
+
+    def llguidance(self) -> str:
+        """The grammar in llguidance's own format."""
+        import llguidance  # the grammar engine (verispec.grammar says why)
+
+        # JSON whitespace is bounded: a weak model can otherwise loop on blank space
+        # for ever inside a flexible-whitespace grammar and never close the object.
+        options = {"whitespace_pattern": JSON_WHITESPACE}
+        if self.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"},
+                                                                 defaults=options)
+        if self.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(json.loads(self.source),
+                                                                 defaults=options)
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.source)
+        return llguidance.LLMatcher.grammar_from_lark(self.source)
 
 
 @dataclass(frozen=True)
@@ -16,12 +50,38 @@ class SamplingParams:
     max_new_tokens: int = 128  # hard cap on generated tokens, enforced inside an accepted block
     stop: tuple[str, ...] = ()  # stop strings; output ends at the token that completes one
     ignore_eos: bool = False  # keep generating past EOS (benchmarks of fixed length)
+    # Logit processing (verispec.processors), applied to the target at every verified
+    # row with that row's own prefix, so it holds under speculation exactly as in plain decoding.
+    presence_penalty: float = 0.0  # OpenAI: minus this from a token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # CTRL / HF: logits of tokens in prompt or output
+    # divided by it when positive, multiplied when negative; 1 disables
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs; a dict is accepted
+    min_p: float = 0.0  # drop tokens with probability under min_p times the top one's; 0 disables
+    min_tokens: int = 0  # EOS is impossible before this many tokens are generated
+    logprobs: int | None = None  # None: none; N: the emitted token's logprob and the N best
+    grammar: Grammar | None = None  # the output must match it (verispec.grammar)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 10:
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        if any(t < 0 or not -100 <= b <= 100 for t, b in self.logit_bias):
+            raise ValueError("logit_bias needs token ids >= 0 and biases in [-100, 100]")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be None or in [0, 20], got {self.logprobs}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

@@ -26,16 +26,18 @@ import torch
 
 from .config import SamplingParams, SpecConfig
 from .economics import load_profile
+from .grammar import Constraint, apply_mask, constrained_proposal, masked_draft_probs
 from .metrics import Stats, StepRecord
 from .policy import AdaptiveK, StepObservation
 from .models.base import BatchItem, ForwardOutput, TargetModel
 from .acceptance import Evidence
+from .processors import LogitProcessor, TokenLogprob, chain_ancestry, token_logprobs
 from .proposers.base import DraftContext, HeldRows, Proposal, Proposer
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
 from .stopping import Stopper
 from .token_tree import ROOT
-from .tree import TreeFeed, tree_feed, tree_finish
+from .tree import TreeFeed, tree_ancestry, tree_feed, tree_finish
 from .tree_policy import AdaptiveTree
 
 
@@ -43,6 +45,7 @@ from .tree_policy import AdaptiveTree
 class Step:
     tokens: list[int]  # committed this step, in order
     finish_reason: str | None  # set on the last step: "stop" or "length"
+    logprobs: list[TokenLogprob] | None = None  # one per token, when sampling.logprobs is set
 
 
 def validate_prompt(target: TargetModel, prompt: list[int], sampling: SamplingParams) -> None:
@@ -66,6 +69,7 @@ class StepOutcome:
     leaf: bool = False  # tree step: the accepted path ended at a leaf (nothing was rejected)
     bonus: bool = False  # tokens[-1] is the bonus token (every draft on its path accepted)
     rejected: list[int] = field(default_factory=list)  # drafts discarded, the rejected one first
+    logprobs: list[TokenLogprob] | None = None  # per emitted token, from its processed target row
 
 
 @dataclass
@@ -79,6 +83,7 @@ class _Pending:
     shadow: Proposal | None = None  # an unverified guess at k = 0, for acceptance evidence
     prefill: bool = False
     evidence: Evidence | None = None  # what the proposer told the controller before k was chosen
+    allowed: torch.Tensor | None = None  # [k + 1, vocab] bool: the grammar's mask per verified row
 
 
 class SpecRequest:
@@ -91,7 +96,8 @@ class SpecRequest:
 
     def __init__(self, target: TargetModel, prompt: list[int], sampling: SamplingParams,
                  spec: SpecConfig, proposer: Proposer, stopper: Stopper,
-                 generator: torch.Generator, stats: Stats, own_timing: bool = True) -> None:
+                 generator: torch.Generator, stats: Stats, own_timing: bool = True,
+                 constraint: Constraint | None = None) -> None:
         """`own_timing`: the adaptive controller prices k from this request's
         measured forward times. A batch scheduler passes False: its step times
         belong to the whole batch, and it chooses k for the batch itself."""
@@ -100,6 +106,9 @@ class SpecRequest:
         self.target, self.sampling, self.spec = target, sampling, spec
         self.proposer, self.stopper, self.generator, self.stats = proposer, stopper, generator, stats
         self.own_timing = own_timing
+        # Validates logit_bias ids against the vocabulary before any model work.
+        self.processor = LogitProcessor(sampling, target.vocab_size, target.eos_token_ids)
+        self.constraint = constraint  # a grammar the output must match (verispec.grammar)
         # A tree step briefly holds all its nodes before compaction.
         self.cache = target.new_cache(capacity=min(
             target.max_context, len(prompt) + sampling.max_new_tokens + spec.tree))
@@ -173,7 +182,8 @@ class SpecRequest:
         shadow = None
         if budget > 0:
             ctx.target_hidden = self._held.release(self.hidden)
-            proposal = self.proposer.propose(ctx, budget)
+            proposal = self.proposer.propose(ctx, budget) if self.constraint is None else \
+                constrained_proposal(self.constraint, self.proposer, ctx, budget)
         elif self.shadows and allow_shadow and room > 0:
             shadow = self.proposer.propose(ctx, 1)
         else:
@@ -191,8 +201,12 @@ class SpecRequest:
                              mask=feed.layout.mask, hidden_layers=hidden_layers)
         drafts = proposal.tokens[:budget].to(torch.long)
         probs = proposal.draft_probs[:budget] if proposal.draft_probs is not None else None
+        allowed = None
+        if self.constraint is not None:
+            allowed = self.constraint.masks(drafts.tolist())  # [k + 1, vocab]
+            probs = masked_draft_probs(probs, allowed[: drafts.shape[0]])
         self._pending = _Pending(budget, draft_seconds, drafts, probs, shadow=shadow,
-                                 evidence=evidence)
+                                 evidence=evidence, allowed=allowed)
         feed = torch.cat([torch.tensor([self.tokens[-1]]), drafts])  # [k + 1]
         return BatchItem(feed, self.cache, hidden_layers=hidden_layers)
 
@@ -219,6 +233,10 @@ class SpecRequest:
             if self.finish_reason:
                 break
         self.tokens.extend(committed)
+        if self.constraint is not None:
+            self.constraint.commit(committed)
+        # Cut with the tokens: nothing past EOS, a stop string or max_new_tokens (vLLM #47616).
+        logprobs = outcome.logprobs[: len(committed)] if outcome.logprobs is not None else None
         stats = self.stats
         stats.time_draft += pending.draft_seconds
         stats.time_verify += verify_seconds
@@ -244,7 +262,7 @@ class SpecRequest:
         stats.time_total = time.perf_counter() - self.started
         if self.finish_reason:
             stats.finish_reason = self.finish_reason
-        return Step(committed, self.finish_reason)
+        return Step(committed, self.finish_reason, logprobs)
 
     def release(self) -> None:
         """Drop the cache (and the proposer, which may own a draft cache) now,
@@ -255,21 +273,37 @@ class SpecRequest:
 
     def _verify(self, pending: _Pending, out: ForwardOutput) -> StepOutcome:
         if pending.tree is not None:
-            tree = pending.tree.tree
-            result = tree_finish(pending.tree, out, self.cache, self.sampling, self.generator)
+            feed = pending.tree
+            tree = feed.tree
+            logits = self.processor.process(out.logits, self.tokens, self.num_prompt, tree.tokens,
+                                            tree_ancestry(feed))  # [N + 1, vocab]
+            result = tree_finish(feed, out, self.cache, self.sampling, self.generator, logits)
             # The rejected candidates: the children of the last accepted node.
             below = tree.children(result.path[-1] if result.path else ROOT)
+            rows = [0] + [i + 1 for i in result.path]  # the rows the emitted tokens came from
             return StepOutcome(result.tokens, result.num_accepted, len(tree), result.hidden,
                                leaf=result.bonus, bonus=result.bonus,
-                               rejected=[tree.token_list[i] for i in below])
+                               rejected=[tree.token_list[i] for i in below],
+                               logprobs=self._logprobs(logits[rows], result.tokens))
         drafts = pending.drafts
-        verdict = _verify(drafts, pending.draft_probs, out.logits, self.sampling, self.generator,
+        logits = self.processor.process(out.logits, self.tokens, self.num_prompt, drafts,
+                                        chain_ancestry(drafts.shape[0]))  # [k + 1, vocab]
+        if pending.allowed is not None:
+            logits = apply_mask(logits, pending.allowed)
+        verdict = _verify(drafts, pending.draft_probs, logits, self.sampling, self.generator,
                           self.spec.lossy_typical)
         # Roll back the rejected drafts: keep the fed token and the accepted ones.
         self.cache.truncate(len(self.tokens) + verdict.num_accepted)
         hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
         return StepOutcome(verdict.tokens, verdict.num_accepted, len(drafts), hidden,
-                           bonus=verdict.bonus, rejected=drafts[verdict.num_accepted:].tolist())
+                           bonus=verdict.bonus, rejected=drafts[verdict.num_accepted:].tolist(),
+                           logprobs=self._logprobs(logits[: len(verdict.tokens)], verdict.tokens))
+
+    def _logprobs(self, rows: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
+        """rows: [len(tokens), vocab] processed logits, row i the one token i was drawn from."""
+        if self.sampling.logprobs is None:
+            return None
+        return token_logprobs(rows, tokens, self.sampling)
 
 
 def run_alone(target: TargetModel, request: SpecRequest) -> Iterator[Step]:

@@ -35,7 +35,8 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[..., vocab] logits -> [..., vocab] float32 probabilities.
+    """[..., vocab] logits -> [..., vocab] float32 probabilities. The logits are
+    the processed ones (verispec.processors) wherever a request has processors.
 
     Greedy (temperature 0) gives a one-hot on the argmax, which makes the
     sampling verifier degenerate exactly into the greedy one.
@@ -45,6 +46,11 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         return torch.nn.functional.one_hot(
             logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     logits = logits / params.temperature
+    if params.min_p > 0:
+        # vLLM v1's order: min_p on the tempered distribution, before top-k / top-p.
+        probs = logits.softmax(-1)
+        floor = params.min_p * probs.amax(-1, keepdim=True)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -73,19 +73,28 @@ def tree_feed(cache_length: int, committed_tokens: Sequence[int], tree: TokenTre
     return TreeFeed(tree, cache_length, tokens, tree_attention(tree, cache_length))
 
 
+def tree_ancestry(feed: TreeFeed) -> torch.Tensor:
+    """[N + 1, N] bool: the nodes in each fed row's prefix (its ancestors and itself),
+    which the request's logit processors count (verispec.processors)."""
+    return feed.layout.mask[:, feed.past_len + 1:]
+
+
 def tree_finish(feed: TreeFeed, out, cache, sampling: SamplingParams,
-                generator: torch.Generator) -> TreeStepResult:
+                generator: torch.Generator,
+                target_logits: torch.Tensor | None = None) -> TreeStepResult:
     """Verify the tree against the forward's logits [N + 1, vocab] and compact the cache.
+    `target_logits`: those logits after the request's processors, when it has any.
 
     After: the cache holds the committed tokens, the last one and the accepted
     nodes, i.e. again every committed token but the last newly emitted one,
     so chain steps and tree steps may alternate freely.
     """
     tree, past_len = feed.tree, feed.past_len
+    logits = out.logits if target_logits is None else target_logits  # [N + 1, vocab]
     if sampling.greedy:
-        verdict: TreeVerdict = verify_tree_greedy(tree, out.logits)
+        verdict: TreeVerdict = verify_tree_greedy(tree, logits)
     else:
-        verdict = verify_tree_sampling(tree, logits_to_probs(out.logits, sampling), generator)
+        verdict = verify_tree_sampling(tree, logits_to_probs(logits, sampling), generator)
     rows = torch.tensor([0] + [i + 1 for i in verdict.path], dtype=torch.long)  # [accepted + 1]
     cache.compact(past_len, past_len + rows)
     hidden = tuple(h[rows.to(h.device)] for h in out.hidden)

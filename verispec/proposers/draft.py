@@ -18,8 +18,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..processors import LogitProcessor
 from ..sampling import greedy_tokens, logits_to_probs, sample
 from ..token_tree import ROOT, TokenTree
+from ..tree import tree_attention
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
 
@@ -36,8 +38,12 @@ class DraftModelProposer(Proposer):
     name = "draft"
 
     def __init__(self, model, sampling, generator: torch.Generator,
-                 tree: TreeShape | None = None) -> None:
+                 tree: TreeShape | None = None, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.model = model
+        # The draft proposes from the request's processed distribution too: the
+        # verifier only needs the probabilities it really sampled from, and
+        # matching the target's processing keeps acceptance up.
+        self.processor = LogitProcessor(sampling, model.vocab_size, eos_token_ids)
         self.tree = tree  # None drafts chains
         self.sampling = sampling
         self.generator = generator
@@ -60,10 +66,12 @@ class DraftModelProposer(Proposer):
             torch.tensor(tokens[keep:]), self.cache, num_logits=1).logits[-1]
         shape = TreeShape.for_step(self.tree, ctx)
         if shape is not None:
-            return as_proposal(self._draft_tree(len(tokens), logits, k, limit - len(tokens), shape))
+            return as_proposal(self._draft_tree(ctx, logits, k, limit - len(tokens), shape))
         drafts: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
+            if self.processor.active:
+                logits = self.processor.one(logits, tokens + drafts, ctx.num_prompt)  # [vocab]
             if self.sampling.greedy:
                 token = greedy_tokens(logits)
             else:
@@ -77,26 +85,40 @@ class DraftModelProposer(Proposer):
                 self.seen.append(token)
         return Proposal(torch.tensor(drafts), torch.stack(probs) if probs else None)
 
-    def _draft_tree(self, num_tokens: int, logits: torch.Tensor, k: int, room: int,
+    def _draft_tree(self, ctx: DraftContext, logits: torch.Tensor, k: int, room: int,
                     shape: TreeShape) -> TokenTree:
         """logits [vocab]: the draft's prediction after the last committed token,
         whose row is the root; room: cache rows left for drafted nodes."""
-        rows = FedRows(prefix=self.cache.length, root_position=num_tokens - 1)
+        rows = FedRows(prefix=self.cache.length, root_position=len(ctx.tokens) - 1)
 
         def expand(draft: DraftTree, frontier: list[int]) -> torch.Tensor:
             if frontier == [ROOT]:
-                return draft_log_probs(logits[None], self.sampling)  # [1, vocab]
+                return draft_log_probs(self._processed(logits[None], ctx, draft, frontier),
+                                       self.sampling)  # [1, vocab]
             layout = rows.layout(draft, frontier)
             tokens = torch.tensor([draft.tokens[i] for i in frontier], dtype=torch.long)
             out = self.model.forward(tokens, self.cache, positions=layout.positions,
                                      mask=layout.mask)  # [n, vocab]
-            return draft_log_probs(out.logits, self.sampling)
+            return draft_log_probs(self._processed(out.logits, ctx, draft, frontier), self.sampling)
 
         return grow(expand, shape, k, max_rows=room)
+
+    def _processed(self, logits: torch.Tensor, ctx: DraftContext, draft: DraftTree,
+                   frontier: list[int]) -> torch.Tensor:
+        """[n, vocab] logits of the frontier's children under the request's processors,
+        each frontier node's prefix being the context and its own path."""
+        if not self.processor.active:
+            return logits
+        if frontier == [ROOT]:
+            return self.processor.process(logits, ctx.tokens, ctx.num_prompt)
+        nodes = torch.tensor(draft.tokens, dtype=torch.long)
+        paths = tree_attention(draft.subtree(list(range(len(draft)))), 0).mask[:, 1:]  # [n+1, n]
+        ancestry = paths[torch.tensor(frontier, dtype=torch.long) + 1]  # [len(frontier), n]
+        return self.processor.process(logits, ctx.tokens, ctx.num_prompt, nodes, ancestry)
 
 
 @register("draft")
 def _build(setup: ProposerSetup) -> Proposer:
     model = setup.resources["load_draft"](setup.spec.draft)
     return DraftModelProposer(model, setup.sampling, setup.generator, TreeShape.from_spec(
-        setup.spec, setup.sampling, setup.target.eos_token_ids))
+        setup.spec, setup.sampling, setup.target.eos_token_ids), setup.target.eos_token_ids)

@@ -1,16 +1,24 @@
-"""Server metrics in the Prometheus text exposition format (version 0.0.4).
+"""Server metrics, exposed through prometheus-client's text format.
 
 Counters and histograms are updated by the scheduler thread and read by the
 HTTP thread, so every update and every render holds one lock. Gauges that
 describe the scheduler's state (queue depth, running requests, live KV
-caches) are sampled at render time instead of being kept in sync.
+caches) are sampled at render time instead of being kept in sync. The values
+live here as plain data, not in prometheus-client's own metric objects,
+because replicas of a scaled-out server ship them to one process that sums
+them (`state`, `merged`); prometheus-client renders them, as metric
+families of a one-off collector (`exposition`).
 """
 from __future__ import annotations
 
 import bisect
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
 
 TAU_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 8.0)
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -33,12 +41,25 @@ class Histogram:
         self.total += value
         self.n += 1
 
-    def lines(self, name: str) -> list[str]:
-        out, running = [], 0
-        for bound, count in zip(list(self.bounds) + ["+Inf"], self.counts):
+    def family(self, name: str, text: str) -> HistogramMetricFamily:
+        buckets, running = [], 0
+        for bound, count in zip([str(b) for b in self.bounds] + ["+Inf"], self.counts):
             running += count
-            out.append(f'{name}_bucket{{le="{bound}"}} {running}')
-        return out + [f"{name}_sum {self.total:.6g}", f"{name}_count {self.n}"]
+            buckets.append((bound, running))
+        return HistogramMetricFamily(name, text, buckets=buckets, sum_value=self.total)
+
+
+def exposition(families: Iterable[Metric]) -> str:
+    """Prometheus text (format 0.0.4) of metric families, by prometheus-client."""
+    families = list(families)
+
+    class _Once:
+        def collect(self):
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Once())
+    return generate_latest(registry).decode()
 
 
 @dataclass(frozen=True)
@@ -124,37 +145,40 @@ class ServingMetrics:
                 hist.n += part["n"]
         return total
 
-    def render(self, gauges: Gauges) -> str:
+    def families(self, gauges: Gauges) -> list[Metric]:
         p = "verispec"
         with self._lock:
-            lines = [f"# HELP {p}_requests_total Requests by outcome.",
-                     f"# TYPE {p}_requests_total counter"]
+            requests = CounterMetricFamily(f"{p}_requests", "Requests by outcome.",
+                                           labels=["outcome"])
             for outcome in sorted(set(self.requests) | {"finished", "cancelled", "error", "rejected"}):
-                lines.append(f'{p}_requests_total{{outcome="{outcome}"}} {self.requests.get(outcome, 0)}')
+                requests.add_metric([outcome], self.requests.get(outcome, 0))
+            out: list[Metric] = [requests]
             rate = self.accepted / self.drafted if self.drafted else 0.0
-            scalars = [
-                ("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", self.prompt_tokens),
-                ("generation_tokens_total", "counter", "Tokens committed.", self.generated_tokens),
-                ("draft_tokens_total", "counter", "Draft tokens verified.", self.drafted),
-                ("accepted_tokens_total", "counter", "Draft tokens accepted.", self.accepted),
-                ("acceptance_rate", "gauge", "Accepted / drafted since start.", round(rate, 6)),
-                ("steps_total", "counter", "Batched target forwards.", self.steps),
-                ("guard_held_steps_total", "counter", "Steps whose adaptive requests the "
-                 "realized-rate guard kept from drafting.", self.guard_held),
-                ("queue_depth", "gauge", "Requests waiting for a batch slot.", gauges.queued),
-                ("running_requests", "gauge", "Requests in the running batch.", gauges.running),
-                ("batch_size", "gauge", "Requests in the last step.", self.last_batch_size),
-                ("kv_caches", "gauge", "KV caches alive (running requests hold one each).",
-                 gauges.live_caches),
-            ]
-            for name, kind, text, value in scalars:
-                lines += [f"# HELP {p}_{name} {text}", f"# TYPE {p}_{name} {kind}",
-                          f"{p}_{name} {value}"]
-            for name, text, hist in (
-                    ("tau", "Tokens per target forward of each finished request.", self.tau),
-                    ("step_seconds", "Wall time of one batched step.", self.step_seconds),
-                    ("step_batch_size", "Requests per batched step.", self.batch_size),
-                    ("draft_length", "Draft length chosen per request and step.", self.draft_length)):
-                lines += [f"# HELP {p}_{name} {text}", f"# TYPE {p}_{name} histogram"]
-                lines += hist.lines(f"{p}_{name}")
-        return "\n".join(lines) + "\n"
+            counters = [
+                ("prompt_tokens", "Prompt tokens of admitted requests.", self.prompt_tokens),
+                ("generation_tokens", "Tokens committed.", self.generated_tokens),
+                ("draft_tokens", "Draft tokens verified.", self.drafted),
+                ("accepted_tokens", "Draft tokens accepted.", self.accepted),
+                ("steps", "Batched target forwards.", self.steps),
+                ("guard_held_steps", "Steps whose adaptive requests the realized-rate guard "
+                 "kept from drafting.", self.guard_held)]
+            out += [CounterMetricFamily(f"{p}_{name}", text, value=value)
+                    for name, text, value in counters]
+            gauge_values = [
+                ("acceptance_rate", "Accepted / drafted since start.", round(rate, 6)),
+                ("queue_depth", "Requests waiting for a batch slot.", gauges.queued),
+                ("running_requests", "Requests in the running batch.", gauges.running),
+                ("batch_size", "Requests in the last step.", self.last_batch_size),
+                ("kv_caches", "KV caches alive (running requests hold one each).",
+                 gauges.live_caches)]
+            out += [GaugeMetricFamily(f"{p}_{name}", text, value=value)
+                    for name, text, value in gauge_values]
+            out += [hist.family(f"{p}_{name}", text) for name, text, hist in (
+                ("tau", "Tokens per target forward of each finished request.", self.tau),
+                ("step_seconds", "Wall time of one batched step.", self.step_seconds),
+                ("step_batch_size", "Requests per batched step.", self.batch_size),
+                ("draft_length", "Draft length chosen per request and step.", self.draft_length))]
+        return out
+
+    def render(self, gauges: Gauges) -> str:
+        return exposition(self.families(gauges))

@@ -4,8 +4,15 @@ Every field is checked for type and range before anything is queued, and each
 failure is an `APIError` that the server turns into HTTP 400 with the body
 `{"error": {"message", "type", "param", "code"}}`. Unknown fields are refused
 as OpenAI refuses them, so a misspelt option is an error rather than silently
-ignored. OpenAI fields whose feature verispec lacks (logprobs, penalties,
-tools) are accepted only at their neutral values.
+ignored. `response_format` (json_object, json_schema, and verispec's regex /
+grammar) and `tools` with a forcing `tool_choice` (verispec.serving.tools)
+constrain the output with a grammar (verispec.grammar).
+
+Logprobs (chat `logprobs` / `top_logprobs`, completions `logprobs: N` and
+`echo`) and the logit processors (`presence_penalty`, `frequency_penalty`,
+`logit_bias`, and vLLM's `repetition_penalty`, `min_p`, `min_tokens`) are
+honoured under speculation (verispec.processors). A lone UTF-16 surrogate in
+any string is a 400 naming the field: no tokenizer can encode it.
 
 verispec extensions: `top_k`, `ignore_eos`, and a `speculation` object
 `{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft"}`,
@@ -22,20 +29,12 @@ from typing import Any
 
 from .. import spec_text
 from ..config import SamplingParams, SpecConfig
+from .errors import APIError
+from .options import logit_bias, response_grammar, surrogate_path
+from .tools import plan_tools
 
 MAX_N = 16
 MAX_K = 32
-
-
-class APIError(Exception):
-    def __init__(self, message: str, param: str | None = None, code: str | None = "invalid_value",
-                 status: int = 400, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,7 @@ class Job:
     include_usage: bool
     echo: bool
     include_provenance: bool = False  # stream_options.include_provenance (a verispec extension)
+    tools: Any = None  # a verispec.serving.tools.ToolPlan: the reply is a tool call
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice i of n draws from its own seed, so seeded choices differ but repeat."""
@@ -109,7 +109,8 @@ def _ranged(body: dict, name: str, kind: type, lo: float, hi: float, default: An
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
            "stop", "seed", "user", "frequency_penalty", "presence_penalty", "logit_bias",
-           "logprobs", "top_k", "ignore_eos", "speculation"}
+           "logprobs", "top_k", "ignore_eos", "speculation", "repetition_penalty", "min_p",
+           "min_tokens"}
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools", "tool_choice",
                    "parallel_tool_calls", "top_logprobs", "store", "metadata", "service_tier"}
@@ -118,6 +119,11 @@ _CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format", "tool
 def check_fields(body: Any, chat: bool) -> None:
     if not isinstance(body, dict):
         raise APIError("The request body must be a JSON object.", None, "invalid_json")
+    bad = surrogate_path(body, "")
+    if bad is not None:
+        # Valid JSON ("\ud800") but no valid text: every tokenizer refuses it.
+        raise APIError(f"Invalid value for '{bad}': the string holds a lone UTF-16 surrogate, "
+                       "which is not valid Unicode text", bad)
     known = _CHAT if chat else _COMPLETION
     for name in body:
         if name not in known:
@@ -143,29 +149,29 @@ def _neutral(body: dict, name: str, neutral: tuple) -> None:
 
 def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, bool]:
     """Sampling params (max_new_tokens left at a placeholder), n, stream, include_usage."""
-    for name in ("frequency_penalty", "presence_penalty"):
-        _ranged(body, name, float, -2.0, 2.0, 0.0)
-        _neutral(body, name, (0, 0.0))
-    _typed(body, "logit_bias", dict)
-    _neutral(body, "logit_bias", ({},))
+    penalties = {name: float(_ranged(body, name, float, -2.0, 2.0, 0.0))
+                 for name in ("frequency_penalty", "presence_penalty")}
+    penalties["repetition_penalty"] = float(_ranged(body, "repetition_penalty", float, 0.0, 10.0,
+                                                    1.0, lo_open=True))
+    penalties["min_p"] = float(_ranged(body, "min_p", float, 0.0, 1.0, 0.0))
+    penalties["min_tokens"] = _ranged(body, "min_tokens", int, 0, 1 << 30, 0)
+    penalties["logit_bias"] = logit_bias(_typed(body, "logit_bias", dict, {}))
     _typed(body, "user", str)
     if chat:
-        _typed(body, "logprobs", bool)
-        _neutral(body, "logprobs", (False,))
-        _neutral(body, "top_logprobs", (0,))
-        _neutral(body, "tools", ([],))
-        _neutral(body, "tool_choice", ("none",))
+        if _typed(body, "logprobs", bool, False):
+            logprobs = _ranged(body, "top_logprobs", int, 0, 20, 0)
+        else:
+            logprobs = None
+            if _ranged(body, "top_logprobs", int, 0, 20, None) is not None:
+                raise APIError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         _typed(body, "parallel_tool_calls", bool)
         _typed(body, "store", bool)
         _typed(body, "metadata", dict)
         _typed(body, "service_tier", str)
-        fmt = _typed(body, "response_format", dict)
-        if fmt is not None and fmt.get("type") != "text":
-            raise APIError("Only response_format {'type': 'text'} is supported", "response_format",
-                           "unsupported_parameter")
+        grammar = response_grammar(_typed(body, "response_format", dict))
     else:
-        _typed(body, "logprobs", int)
-        _neutral(body, "logprobs", (0,))
+        logprobs = _ranged(body, "logprobs", int, 0, 20, None)
+        grammar = None
         _typed(body, "suffix", str)
         _neutral(body, "suffix", ("",))
     temperature = _ranged(body, "temperature", float, 0.0, 2.0, 1.0)
@@ -193,7 +199,8 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int, bool, b
     ignore_eos = _typed(body, "ignore_eos", bool, False)
     sampling = SamplingParams(temperature=float(temperature), top_k=max(0, top_k),
                               top_p=float(top_p), seed=seed, max_new_tokens=1,
-                              stop=tuple(stop), ignore_eos=ignore_eos)
+                              stop=tuple(stop), ignore_eos=ignore_eos, logprobs=logprobs,
+                              grammar=grammar, **penalties)
     return sampling, n, stream, include_usage
 
 
@@ -344,9 +351,20 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
     if engine.tokenizer is None and (chat or sampling.stop):
         raise APIError("this model has no tokenizer: send token ids, without chat or stop",
                        "messages" if chat else "stop")
+    tools = None
+    if chat:
+        tools = plan_tools(body)
+        if tools is not None:
+            if sampling.grammar is not None:
+                raise APIError("a forced tool call and a response_format cannot be combined",
+                               "response_format")
+            sampling = replace(sampling, grammar=tools.grammar)
     try:
         if chat:
-            inputs: list = [encode_chat(engine, message_texts(body))]
+            messages = message_texts(body)
+            if tools is not None:
+                messages = [{"role": "system", "content": tools.note}] + messages
+            inputs: list = [encode_chat(engine, messages)]
             texts = [""]
         else:
             inputs = prompt_inputs(body)
@@ -355,6 +373,16 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
     except ValueError as exc:
         raise APIError(str(exc), "messages" if chat else "prompt") from None
     vocab = engine.target.vocab_size
+    if sampling.grammar is not None:
+        try:
+            engine.constraint(sampling)  # compiles it: a bad schema or pattern is a 400 now
+        except (ValueError, RuntimeError) as exc:
+            raise APIError(f"Invalid {'tools' if tools else 'response_format'}: {exc}",
+                           "tools" if tools else "response_format") from None
+    bad_bias = [t for t, _ in sampling.logit_bias if t >= vocab]
+    if bad_bias:
+        raise APIError(f"Invalid key in 'logit_bias': token id {bad_bias[0]} is not in "
+                       f"[0, {vocab})", "logit_bias")
     for ids in inputs:
         if not ids:
             raise APIError("The prompt is empty", "messages" if chat else "prompt")
@@ -368,7 +396,7 @@ def build_job(body: Any, chat: bool, engine, served: tuple[str, ...],
         raise APIError("stream_options.include_provenance cannot be combined with 'stop'",
                        "stream_options")
     return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, n, stream,
-               include_usage, echo, provenance)
+               include_usage, echo, provenance, tools)
 
 
 def serve_defaults(args: argparse.Namespace) -> ServeDefaults:

@@ -22,7 +22,9 @@ from typing import AsyncIterator, Sequence
 
 import ray
 
-from .metrics import Gauges, ServingMetrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .metrics import Gauges, ServingMetrics, exposition
 
 PUSH_SECONDS = 0.5
 STALE_SECONDS = 3.0
@@ -123,25 +125,28 @@ def render_cluster(reports: dict[str, tuple[dict, tuple[int, int, int]]]) -> str
     states = [state for state, _ in reports.values()]
     gauges = [g for _, g in reports.values()]
     total = Gauges(*(sum(g[i] for g in gauges) for i in range(3)))
-    text = ServingMetrics.merged(states).render(total)
+    families = ServingMetrics.merged(states).families(total)
     p = "verispec"
-    lines = [f"# HELP {p}_replicas Replicas that reported in the last {STALE_SECONDS:g} s.",
-             f"# TYPE {p}_replicas gauge", f"{p}_replicas {len(reports)}"]
-    per = [("replica_running_requests", "gauge", "Requests in a replica's running batch.",
-            lambda s, g: g[1]),
-           ("replica_queue_depth", "gauge", "Requests waiting in a replica's queue.",
+    families.append(GaugeMetricFamily(
+        f"{p}_replicas", f"Replicas that reported in the last {STALE_SECONDS:g} s.",
+        value=len(reports)))
+    per = [("replica_running_requests", GaugeMetricFamily, "Requests in a replica's running "
+            "batch.", lambda s, g: g[1]),
+           ("replica_queue_depth", GaugeMetricFamily, "Requests waiting in a replica's queue.",
             lambda s, g: g[0]),
-           ("replica_generation_tokens_total", "counter", "Tokens a replica committed.",
+           ("replica_generation_tokens", CounterMetricFamily, "Tokens a replica committed.",
             lambda s, g: s["generated_tokens"]),
-           ("replica_steps_total", "counter", "Batched target forwards of a replica.",
+           ("replica_steps", CounterMetricFamily, "Batched target forwards of a replica.",
             lambda s, g: s["steps"])]
     for name, kind, help_text, value in per:
-        lines += [f"# HELP {p}_{name} {help_text}", f"# TYPE {p}_{name} {kind}"]
-        lines += [f'{p}_{name}{{replica="{r}"}} {value(s, g)}'
-                  for r, (s, g) in sorted(reports.items())]
-    lines += [f"# HELP {p}_replica_requests_total Requests a replica ended, by outcome.",
-              f"# TYPE {p}_replica_requests_total counter"]
+        family = kind(f"{p}_{name}", help_text, labels=["replica"])
+        for r, (s, g) in sorted(reports.items()):
+            family.add_metric([r], value(s, g))
+        families.append(family)
+    ended = CounterMetricFamily(f"{p}_replica_requests", "Requests a replica ended, by outcome.",
+                                labels=["replica", "outcome"])
     for r, (s, _) in sorted(reports.items()):
-        lines += [f'{p}_replica_requests_total{{replica="{r}",outcome="{o}"}} {n}'
-                  for o, n in sorted(s["requests"].items())]
-    return text + "\n".join(lines) + "\n"
+        for o, n in sorted(s["requests"].items()):
+            ended.add_metric([r, o], n)
+    families.append(ended)
+    return exposition(families)

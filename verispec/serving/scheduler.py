@@ -77,6 +77,7 @@ class Progress:
     finish_reason: str | None
     stats: Stats
     record: StepRecord | None = None  # this step's own record (stats keeps growing meanwhile)
+    logprobs: list | None = None  # per token (verispec.processors.TokenLogprob), when asked for
 
 
 @dataclass
@@ -348,7 +349,8 @@ class Scheduler:
                 slot.draft_tokens = 0.9 * slot.draft_tokens + record.k
             emitted, drafted = emitted + record.emitted, drafted + record.drafted
             accepted += record.accepted
-            self._deliver(slot.ticket, Progress(step.tokens, step.finish_reason, request.stats, record))
+            self._deliver(slot.ticket, Progress(step.tokens, step.finish_reason, request.stats, record,
+                                                    step.logprobs))
             if request.finished:
                 self._end_locked(slot, None)
         # The cost of a width is the forward plus verifying its rows on the host: per

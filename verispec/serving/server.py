@@ -29,9 +29,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..api import Engine, TextDeltas
 from ..metrics import Stats
 from . import playground
+from . import logprobs as lp_format
 from .metrics import ServingMetrics
 from .protocol import APIError, Job, ServeDefaults, build_job
 from .provenance import ChoiceProvenance
+from .tools import tool_calls
 from .scheduler import Failure, Progress, QueueFull, Scheduler, SchedulerClosed, SchedulerConfig, Ticket
 
 
@@ -119,7 +121,7 @@ class _Run:
         delta = ""
         if isinstance(event, Progress):
             final = event.finish_reason is not None
-            delta = self.deltas[index].push(event.tokens, final)
+            delta = self.deltas[index].push(event.tokens, final, event.logprobs)
             self.stats[index] = event.stats
             self.token_count[index] += len(event.tokens)
             if final:
@@ -128,6 +130,37 @@ class _Run:
         else:
             self.open -= 1
         return index, delta, event
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.job.sampling.logprobs is not None
+
+    async def prompt_logprobs(self, engine: Engine) -> None:
+        """Echo's prompt logprobs, one target forward per prompt, off the event loop."""
+        self.prompt_lps = []
+        self.prompt_offsets = []
+        for ids in self.job.prompts:
+            self.prompt_lps.append(await asyncio.to_thread(
+                engine.prompt_logprobs, ids, self.job.sampling.logprobs or 0))
+            self.prompt_offsets.append([len(engine.decode(ids[:i])) for i in range(len(ids))])
+
+    def choice_logprobs(self, index: int, shown, engine: Engine) -> dict | None:
+        """A choice's (or a chunk's) logprobs object in the OpenAI shape of its route."""
+        if not self.wants_logprobs:
+            return None
+        if self.job.chat:
+            return lp_format.chat_logprobs(engine.token_text, shown)
+        return lp_format.completion_logprobs(
+            engine.token_text, shown,
+            len(self.job.prompt_texts[index // self.job.n]) if self.job.echo else 0)
+
+    def echo_logprobs(self, index: int, engine: Engine) -> dict | None:
+        if not (self.wants_logprobs and self.job.echo):
+            return None
+        prompt = index // self.job.n
+        return lp_format.completion_logprobs(
+            engine.token_text, (), 0, self.prompt_lps[prompt], self.job.prompts[prompt],
+            self.prompt_offsets[prompt])
 
     def usage(self) -> dict:
         prompt = sum(len(p) for p in self.job.prompts)
@@ -197,6 +230,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             metrics.request_done("invalid")
             return _error(exc)
         run = _Run(job, scheduler, engine)
+        if run.wants_logprobs and job.echo:
+            await run.prompt_logprobs(engine)
         try:
             run.submit()
         except QueueFull as exc:
@@ -218,10 +253,10 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             run.cancel()
             return _error(_failure_error(first[2]))
         if job.stream:
-            return StreamingResponse(_stream(run, first, ident, chat, model_name),
+            return StreamingResponse(_stream(run, first, ident, chat, model_name, engine),
                                      media_type="text/event-stream")
         try:
-            return await _complete(run, first, request, ident, chat, model_name)
+            return await _complete(run, first, request, ident, chat, model_name, engine)
         finally:
             run.cancel()
 
@@ -237,7 +272,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     return app
 
 
-async def _complete(run: _Run, first, request: Request, ident: str, chat: bool, model: str):
+async def _complete(run: _Run, first, request: Request, ident: str, chat: bool, model: str,
+                    engine: Engine):
     texts = [""] * len(run.tickets)
     event = first
     while True:
@@ -253,20 +289,38 @@ async def _complete(run: _Run, first, request: Request, ident: str, chat: bool, 
             return JSONResponse({}, status_code=499)
     choices = []
     for i, text in enumerate(texts):
-        choice: dict = {"index": i, "finish_reason": run.finish[i], "logprobs": None,
+        run.deltas[i].take_logprobs(final=True)
+        logprobs = run.choice_logprobs(i, run.deltas[i].released, engine)
+        choice: dict = {"index": i, "finish_reason": run.finish[i], "logprobs": logprobs,
                         "speculation": run.speculation(i)}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
+            call = _tool_reply(run, i, text)
+            if call is not None:
+                choice["message"], choice["finish_reason"] = call
         else:
             echo = run.job.prompt_texts[i // run.job.n] if run.job.echo else ""
             choice["text"] = echo + text
+            echoed = run.echo_logprobs(i, engine)
+            if echoed is not None:
+                choice["logprobs"] = {key: echoed[key] + logprobs[key] for key in logprobs}
         choices.append(choice)
     return {"id": ident, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": run.usage(), "speculation": run.speculation()}
 
 
-async def _stream(run: _Run, first, ident: str, chat: bool, model: str):
+def _tool_reply(run: _Run, index: int, text: str) -> tuple[dict, str] | None:
+    """A forced tool call's message and finish reason; None for a plain answer or a
+    call cut short by max_tokens (then the text is returned as it is, with "length")."""
+    plan = run.job.tools
+    if plan is None or run.finish[index] != "stop":
+        return None
+    return ({"role": "assistant", "content": None, "tool_calls": tool_calls(plan, text)},
+            "tool_calls")
+
+
+async def _stream(run: _Run, first, ident: str, chat: bool, model: str, engine: Engine):
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
     usage_field = {"usage": None} if run.job.include_usage else {}
@@ -276,6 +330,7 @@ async def _stream(run: _Run, first, ident: str, chat: bool, model: str):
                 "choices": choices, **usage_field, **extra}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
+    held = [""] * len(run.tickets)  # a tool call's arguments, sent whole when complete
     try:
         if chat:
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -283,7 +338,7 @@ async def _stream(run: _Run, first, ident: str, chat: bool, model: str):
                          for i in range(len(run.tickets))])
         elif run.job.echo:
             yield chunk([{"index": i, "text": run.job.prompt_texts[i // run.job.n],
-                          "logprobs": None, "finish_reason": None}
+                          "logprobs": run.echo_logprobs(i, engine), "finish_reason": None}
                          for i in range(len(run.tickets))])
         event = first
         while True:
@@ -297,9 +352,22 @@ async def _stream(run: _Run, first, ident: str, chat: bool, model: str):
                 if run.provenance and ev.record is not None:
                     extra["provenance"] = run.provenance[index].step(ev.record, ev.tokens,
                                                                      reason is not None)
-                if delta or extra:
-                    body = {"delta": {"content": delta} if delta else {}} if chat else {"text": delta}
-                    yield chunk([{"index": index, **body, "logprobs": None,
+                shown = run.deltas[index].take_logprobs(final=reason is not None)
+                body = None
+                if run.job.tools is not None:
+                    # The arguments stream as one piece, once the call is complete.
+                    held[index] += delta
+                    delta = held[index] if reason else ""
+                    call = _tool_reply(run, index, held[index]) if reason else None
+                    if call is not None:
+                        calls = [dict(c, index=j) for j, c in enumerate(call[0]["tool_calls"])]
+                        body, delta, reason = {"delta": {"tool_calls": calls}}, "", call[1]
+                if delta or extra or shown or body:
+                    if body is None:
+                        body = {"delta": {"content": delta} if delta else {}} if chat else \
+                            {"text": delta}
+                    logprobs = run.choice_logprobs(index, shown, engine)
+                    yield chunk([{"index": index, **body, "logprobs": logprobs,
                                   "finish_reason": reason, **extra}])
             if not run.open:
                 break
