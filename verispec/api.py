@@ -15,6 +15,7 @@ from .models.base import TargetModel
 from .models.llama import NativeLlama
 from .models.loading import DEFAULT_MODEL, load_target
 from .proposers.base import ProposerSetup
+from .proposers.suffix_store import SuffixStore
 from .sampling import make_generator
 from .spec_text import parse_quant_source
 from .stopping import Stopper, held_back, trim_at_stop
@@ -86,6 +87,9 @@ class Engine:
             self.backend = loaded.backend
             self.weights = loaded.weights
         self._drafts: dict[str, TargetModel] = {}
+        # Past outputs that `suffix` drafts from, shared by every request of this engine
+        # (and so by every request a server runs); replace it to change its bounds.
+        self.suffix_store = SuffixStore()
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -169,7 +173,8 @@ class Engine:
         validate_prompt(self.target, ids, sampling)
         generator = make_generator(sampling.seed, self.target.device)
         proposer = proposers.build(ProposerSetup(
-            self.target, spec, sampling, generator, {"load_draft": self.load_draft}))
+            self.target, spec, sampling, generator,
+            {"load_draft": self.load_draft, "suffix_store": self.suffix_store}))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"

@@ -219,6 +219,8 @@ class SpecRequest:
             if self.finish_reason:
                 break
         self.tokens.extend(committed)
+        if self.finish_reason:
+            self.proposer.finished(DraftContext(self.tokens, self.num_prompt))
         stats = self.stats
         stats.time_draft += pending.draft_seconds
         stats.time_verify += verify_seconds

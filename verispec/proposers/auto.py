@@ -51,7 +51,7 @@ from ..acceptance import Evidence
 from ..economics import chain_tokens
 from .base import DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, build, register
 
-CANDIDATES = ("ngram", "eagle", "medusa", "draft")  # each where it can be built
+CANDIDATES = ("ngram", "suffix", "eagle", "medusa", "draft")  # each where it can be built
 log = logging.getLogger(__name__)
 
 
@@ -139,6 +139,10 @@ class AutoProposer(Proposer):
     @property
     def active(self) -> str:
         return self.choice
+
+    def finished(self, ctx: DraftContext) -> None:
+        for track in self.tracks.values():
+            track.proposer.finished(ctx)
 
     def evidence(self, ctx: DraftContext) -> Evidence | None:
         """The evidence of the first free candidate that gives any (n-gram lookup's
