@@ -4,6 +4,7 @@ requests; and the proposer is lossless (greedy identical, sampled output the
 target's) whether its drafts come from past outputs or the request itself."""
 from __future__ import annotations
 
+import json
 import random
 import threading
 import tracemalloc
@@ -249,3 +250,81 @@ def test_auto_has_suffix_as_a_candidate(tiny):
         assert got.token_ids == want
     assert engine.suffix_store.sequences() == [want, want]
     assert "suffix" in {step.proposer for step in got.stats.steps}
+
+
+# -- the edges: the CLI's cache file, one store behind a server --------------------
+
+def test_cli_corrupt_suffix_cache_warns_once_and_starts_fresh(capsys, tmp_path):
+    import shutil
+
+    from conftest import tiny_llama
+    from verispec.models import loading
+
+    folder = tmp_path / "small"  # a random model with the default model's tokenizer
+    tiny_llama(0, vocab=49152, layers=2, max_positions=256).save_pretrained(folder)
+    source = loading.resolve_model_dir(None)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    cache = tmp_path / "suffix.npz"
+    cache.write_bytes(b"\x00garbage, not a cache")
+    argv = ["generate", "--model", str(folder), "--prompt", "a b a b a b", "--max-new-tokens",
+            "12", "--json", "--dtype", "fp32", "--proposer", "suffix", "--suffix-cache", str(cache)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if "suffix-cache" in line]
+    assert len(warnings) == 1 and "not a readable suffix cache" in warnings[0]
+    assert "starting with an empty store" in warnings[0]
+    first = json.loads(out)["token_ids"]
+    assert SuffixStore().load(str(cache)) == 1  # rewritten, valid, with this run's output
+    assert main(argv) == 0  # the second run learns from the first
+    out, err = capsys.readouterr()
+    assert "1 cached outputs" in err
+    second = json.loads(out)
+    assert second["token_ids"] == first and second["stats"]["accepted"] >= 8
+
+
+def test_concurrent_server_requests_share_one_consistent_store(tiny):
+    """Eight clients at once, twice: every answer equals plain decoding, the store
+    holds exactly the first wave's outputs after it, and the second wave (other
+    connections, the same prompts) drafts from them."""
+    import http.client
+
+    from test_server import ChatCharTokenizer
+    from verispec.serving.protocol import ServeDefaults
+    from verispec.serving.scheduler import SchedulerConfig
+    from verispec.serving.server import ServerConfig, ServerThread, create_app
+
+    engine = Engine(tiny, tokenizer=ChatCharTokenizer())
+    prompts = ["abcabcab", "hello world", "xyzzy", "0123456789", "aaaa", "qwerty", "+-+-+", "zz"]
+    want = {p: engine.generate(p, SamplingParams(max_new_tokens=20), PLAIN).text for p in prompts}
+    config = ServerConfig(("tiny",), ServeDefaults(proposer="suffix", k=6, adaptive=False),
+                          SchedulerConfig(max_num_seqs=4, max_queue=32))
+
+    def ask(server, prompt, out):
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 20, "temperature": 0})
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Content-Type": "application/json"})
+        out[prompt] = json.loads(conn.getresponse().read())
+        conn.close()
+
+    def wave(server):
+        out: dict = {}
+        threads = [threading.Thread(target=ask, args=(server, p, out)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    with ServerThread(create_app(engine, config)) as server:
+        first = wave(server)
+        stored = sorted(engine.decode(seq) for seq in engine.suffix_store.sequences())
+        second = wave(server)
+    for answers in (first, second):
+        assert {p: a["choices"][0]["text"] for p, a in answers.items()} == want
+    assert stored == sorted(want.values())
+    assert engine.suffix_store.stats().requests == 2 * len(prompts)
+    cold, warm = (sum(a["speculation"]["accepted"] for a in answers.values())
+                  for answers in (first, second))
+    assert warm >= 0.5 * 19 * len(prompts) and warm > 2 * cold
