@@ -77,7 +77,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "draft (a small model or self:L), self:L (short for --proposer draft "
                         "--draft self:L), eagle / medusa (trained heads on the "
                         "target's hidden states), auto (each step the candidate that pays best, "
-                        "keyed on n-gram lookup's match length: ngram, the shipped heads, the "
+                        "keyed on n-gram lookup's match length: ngram, suffix, the shipped heads, the "
                         "--draft model if given, or none), none (plain decoding)")
     p.add_argument("--k", default="auto",
                    help="draft tokens per target pass; 0 = plain decoding; auto (default) = "

@@ -1,6 +1,6 @@
 """`auto`: per request, draft with whichever proposer is paying best right now.
 
-Candidates are ngram (free), eagle and medusa (when a trained head matches the
+Candidates are ngram and suffix (both free), eagle and medusa (when a trained head matches the
 target), a draft model (when `SpecConfig.draft` names one) and plain decoding. Each step picks the candidate, and its draft
 length up to the engine's k, with the highest expected goodput,
 E[tokens per pass] / (draft time + verify time), from:
