@@ -186,7 +186,7 @@ class SuffixStore:
     write atomic, so requests served from several threads see one store.
     """
 
-    def __init__(self, max_requests: int = 4096, max_tokens: int = 1 << 20,
+    def __init__(self, max_requests: int = 4096, max_tokens: int = 1 << 18,
                  max_depth: int = 32, recent: int = 64) -> None:
         if max_requests < 1 or max_tokens < 1:
             raise ValueError(f"a suffix store needs max_requests and max_tokens >= 1, "
