@@ -271,7 +271,8 @@ def test_cli_corrupt_suffix_cache_warns_once_and_starts_fresh(capsys, tmp_path):
             "12", "--json", "--dtype", "fp32", "--proposer", "suffix", "--suffix-cache", str(cache)]
     assert main(argv) == 0
     out, err = capsys.readouterr()
-    warnings = [line for line in err.splitlines() if "suffix-cache" in line]
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert any("saved 1 outputs" in line for line in err.splitlines())
     assert len(warnings) == 1 and "not a readable suffix cache" in warnings[0]
     assert "starting with an empty store" in warnings[0]
     first = json.loads(out)["token_ids"]

@@ -161,10 +161,15 @@ def load_suffix_cache(engine, path: str | None) -> None:
 def save_suffix_cache(engine, path: str | None) -> None:
     if not path:
         return
+    import sys
+
     try:
         engine.suffix_store.save(path)
     except OSError as exc:
         raise CliError(f"cannot write --suffix-cache {path}: {exc.strerror}") from None
+    stats = engine.suffix_store.stats()
+    print(f"verispec: --suffix-cache {path}: saved {stats.requests} outputs, {stats.tokens} "
+          f"tokens (store memory {stats.memory_bytes / 2**20:.1f} MiB)", file=sys.stderr)
 
 
 def spec_from(args: argparse.Namespace) -> SpecConfig:
