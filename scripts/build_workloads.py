@@ -9,7 +9,7 @@ if a piece of material is missing or no longer fits its spec (a document
 outside 300-1500 tokens, a bug pattern that no longer occurs exactly once),
 instead of silently writing a different set.
 
-    python scripts/build_workloads.py            # write the six files
+    python scripts/build_workloads.py            # write the seven files
     python scripts/build_workloads.py --check    # fail if the files differ
     python scripts/build_workloads.py --stats    # also print token statistics
 """
@@ -233,6 +233,32 @@ def build_code_edit() -> list[Built]:
     return out
 
 
+# --- agentic: one tool-call schema, many documents ---------------------------
+
+AGENTIC_TOOL = """You are an agent that files Python API records by calling one tool. Reply with exactly one tool call, a single JSON object in this form, and nothing else:
+
+{"tool": "record_api", "arguments": {"module": "<module>", "name": "<function>", "signature": "<signature>", "parameters": [{"name": "<parameter>", "description": "<one sentence>"}], "returns": "<one sentence>", "summary": "<one sentence>"}}
+
+List every parameter of the signature, in order."""
+
+
+def build_agentic() -> list[Built]:
+    """A session of requests whose answers share structure: every answer is a
+    `record_api` tool call of the same JSON schema, filled from a different
+    stdlib function's documentation (SuffixDecoding's agentic setting)."""
+    out = []
+    for module_name, name in AGENTIC_FUNCTIONS:
+        obj = getattr(importlib.import_module(module_name), name)
+        doc, sig = inspect.getdoc(obj), signature(obj)
+        if not doc or not sig:
+            raise SystemExit(f"agentic: {module_name}.{name} has no docstring or signature")
+        content = (f"{AGENTIC_TOOL}\n\nDocumentation of `{module_name}.{name}{sig}`:\n\n"
+                   f"<doc>\n{doc}\n</doc>")
+        out.append(Built(f"agentic-{module_name.replace('.', '-')}-{name}".lower().replace("_", "-"),
+                         "agentic", content, f"{PY}: docstring of {module_name}.{name}"))
+    return out
+
+
 # --- humaneval, creative, chat ----------------------------------------------
 
 def build_humaneval() -> list[Built]:
@@ -285,6 +311,7 @@ def build_all(tok) -> dict[str, list[Built]]:
         "creative": build_written("creative", CREATIVE),
         "chat": build_written("chat", CHAT),
         "mixed": build_mixed(),
+        "agentic": build_agentic(),
     }
     ids = [b.id for prompts in sets.values() for b in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -340,6 +367,18 @@ SUMMARIES = [
 ]
 
 # (slug, edit kind, module, qualified name, arguments of the edit)
+AGENTIC_FUNCTIONS = [
+    ("textwrap", "dedent"), ("textwrap", "indent"), ("textwrap", "shorten"), ("json", "dumps"),
+    ("json", "loads"), ("os.path", "join"), ("os.path", "relpath"), ("shutil", "copyfile"),
+    ("shutil", "which"), ("re", "sub"), ("re", "split"), ("heapq", "nsmallest"),
+    ("heapq", "merge"), ("bisect", "insort_left"), ("difflib", "get_close_matches"),
+    ("functools", "update_wrapper"), ("itertools", "accumulate"), ("base64", "b64encode"),
+    ("urllib.parse", "urljoin"), ("urllib.parse", "quote"), ("fnmatch", "fnmatch"),
+    ("glob", "glob"), ("gzip", "compress"), ("zlib", "crc32"), ("math", "isclose"),
+    ("statistics", "median"), ("random", "sample"), ("html", "escape"),
+]
+
+
 CODE_EDITS = [
     ("dedent-rename", "rename", "textwrap", "dedent", ("margin", "common_indent", "variable")),
     ("parse-qsl-bugfix", "bugfix", "urllib.parse", "parse_qsl", ("if max_num_fields < num_fields:", "if max_num_fields <= num_fields:")),

@@ -18,6 +18,7 @@ from .models.loading import DEFAULT_MODEL, load_target
 from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
 from .proposers.base import ProposerSetup
+from .proposers.suffix_store import SuffixStore
 from .sampling import make_generator
 from .spec_text import parse_quant_source
 from .stopping import Stopper, held_back, trim_at_stop
@@ -128,6 +129,9 @@ class Engine:
             self.backend_note = loaded.backend_note
         self._drafts: dict[str, TargetModel] = {}
         self._ll_tokenizer = None  # llguidance's view of the tokenizer, built on first use
+        # Past outputs that `suffix` drafts from, shared by every request of this engine
+        # (and so by every request a server runs); replace it to change its bounds.
+        self.suffix_store = SuffixStore()
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -204,7 +208,8 @@ class Engine:
         validate_prompt(self.target, ids, sampling)
         generator = make_generator(sampling.seed, self.target.device)
         proposer = proposers.build(ProposerSetup(
-            self.target, spec, sampling, generator, {"load_draft": self.load_draft}))
+            self.target, spec, sampling, generator,
+            {"load_draft": self.load_draft, "suffix_store": self.suffix_store}))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"

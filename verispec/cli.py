@@ -11,7 +11,8 @@ import sys
 from typing import Callable
 
 from .cli_args import (CliError, add_model_args, add_sampling_args, add_spec_args,
-                       engine_from, sampling_from, spec_from)
+                       engine_from, load_suffix_cache, sampling_from, save_suffix_cache,
+                       spec_from)
 
 EPILOG = """examples:
   verispec generate --prompt "Summarize: ..." --chat
@@ -42,9 +43,11 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args)
     sampling, spec = sampling_from(args), spec_from(args)
     engine = engine_from(args)
+    load_suffix_cache(engine, args.suffix_cache)
     if args.json:
         result = engine.generate(prompt, sampling, spec, chat=args.chat)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
+        save_suffix_cache(engine, args.suffix_cache)
         return 0
     stats = None
     for chunk in engine.stream(prompt, sampling, spec, chat=args.chat):
@@ -53,6 +56,7 @@ def cmd_generate(args) -> int:
         stats = chunk.stats
     sys.stdout.write("\n")
     print(stats.format_line(), file=sys.stderr if args.stats_to_stderr else sys.stdout)
+    save_suffix_cache(engine, args.suffix_cache)
     return 0
 
 

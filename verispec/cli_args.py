@@ -72,10 +72,12 @@ def proposer_arg(text: str) -> str:
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proposer", default="ngram", type=proposer_arg,
                    help="who guesses the next tokens: ngram (prompt lookup, free), "
+                        "suffix (what followed the context's suffix in earlier outputs of this "
+                        "engine and in this request, counted; see --suffix-cache), "
                         "draft (a small model or self:L), self:L (short for --proposer draft "
                         "--draft self:L), eagle / medusa (trained heads on the "
                         "target's hidden states), auto (each step the candidate that pays best, "
-                        "keyed on n-gram lookup's match length: ngram, the shipped heads, the "
+                        "keyed on n-gram lookup's match length: ngram, suffix, the shipped heads, the "
                         "--draft model if given, or none), none (plain decoding)")
     p.add_argument("--k", default="auto",
                    help="draft tokens per target pass; 0 = plain decoding; auto (default) = "
@@ -115,9 +117,59 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="heads draft over at most this many tokens, the lowest ids of the head's "
                         "draft vocabulary (frequent first in BPE); a smaller LM-head product per "
                         "draft token; 0 = all of it (default: SpecConfig.head_vocab, 8192)")
+    p.add_argument("--suffix-factor", type=float, default=SpecConfig.suffix_factor,
+                   help="suffix: after a match of m tokens, draft at most factor * m + "
+                        "--suffix-offset tokens (default 1.0)")
+    p.add_argument("--suffix-offset", type=float, default=SpecConfig.suffix_offset,
+                   help="suffix: added to the draft-length cap (default 0)")
+    p.add_argument("--suffix-min-prob", type=float, default=SpecConfig.suffix_min_prob,
+                   help="suffix: extend a draft path while the share of past occurrences that "
+                        "follow it stays at least this (default 0.1)")
+    add_suffix_cache_arg(p)
     p.add_argument("--lossy-typical", action="store_true",
                    help="sampling only: Medusa's typical acceptance instead of rejection sampling; "
                         "LOSSY (output no longer follows the model), marked so in the stats")
+
+
+def add_suffix_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suffix-cache", default=None, metavar="FILE",
+                   help="load the outputs that --proposer suffix (and auto) draft from at start, "
+                        "and save them with this run's at the end, so repeated runs learn; a "
+                        "missing file starts empty, an unreadable one is reported and replaced")
+
+
+def load_suffix_cache(engine, path: str | None) -> None:
+    """Fill engine.suffix_store from `path`. A missing file is a first run; an
+    unusable one gets a one-line warning and the run goes on with an empty store."""
+    import sys
+
+    from .proposers.suffix_store import SuffixCacheError
+
+    if not path:
+        return
+    try:
+        count = engine.suffix_store.load(path, engine.target.vocab_size)
+    except FileNotFoundError:
+        return
+    except SuffixCacheError as exc:
+        print(f"verispec: warning: --suffix-cache: {exc}; starting with an empty store "
+              f"(the file is rewritten at the end)", file=sys.stderr)
+        return
+    print(f"verispec: --suffix-cache {path}: {count} cached outputs", file=sys.stderr)
+
+
+def save_suffix_cache(engine, path: str | None) -> None:
+    if not path:
+        return
+    import sys
+
+    try:
+        engine.suffix_store.save(path)
+    except OSError as exc:
+        raise CliError(f"cannot write --suffix-cache {path}: {exc.strerror}") from None
+    stats = engine.suffix_store.stats()
+    print(f"verispec: --suffix-cache {path}: saved {stats.requests} outputs, {stats.tokens} "
+          f"tokens (store memory {stats.memory_bytes / 2**20:.1f} MiB)", file=sys.stderr)
 
 
 def spec_from(args: argparse.Namespace) -> SpecConfig:
@@ -127,7 +179,9 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
                       tree=args.tree, tree_max=args.tree_max, tree_shape=args.tree_shape,
                       tree_branch=args.tree_branch, profile=args.profile,
                       ngram_min=args.ngram_min, ngram_max=args.ngram_max, head=args.head,
-                      head_vocab=head_vocab, lossy_typical=args.lossy_typical)
+                      head_vocab=head_vocab, lossy_typical=args.lossy_typical,
+                      suffix_factor=args.suffix_factor, suffix_offset=args.suffix_offset,
+                      suffix_min_prob=args.suffix_min_prob)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

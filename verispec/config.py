@@ -116,6 +116,9 @@ class SpecConfig:
     head_vocab: int = 8192  # heads draft over at most this many tokens: the lowest ids of the
     # head's draft vocabulary (BPE numbers tokens in merge order, frequent first); 0 = all
     lossy_typical: bool = False  # sampled runs: Medusa typical acceptance, LOSSY (Cai et al. 2024)
+    suffix_factor: float = 1.0  # suffix: draft depth at most suffix_factor * match length
+    suffix_offset: float = 0.0  # ... plus this (max_spec_factor, max_spec_offset of SuffixDecoding)
+    suffix_min_prob: float = 0.1  # suffix: extend a path while its frequency-based probability >= this
 
     def __post_init__(self) -> None:
         if self.k < 0:
@@ -136,6 +139,9 @@ class SpecConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if self.suffix_factor < 0 or not 0 <= self.suffix_min_prob <= 1:
+            raise ValueError(f"suffix_factor must be >= 0 and suffix_min_prob in [0, 1], got "
+                             f"{self.suffix_factor}, {self.suffix_min_prob}")
         if self.lossy_typical and self.tree:
             raise ValueError("lossy_typical verifies chains; it cannot be combined with a tree")
         if self.proposer == "draft" and not self.draft:

@@ -235,6 +235,8 @@ class SpecRequest:
         self.tokens.extend(committed)
         if self.constraint is not None:
             self.constraint.commit(committed)
+        if self.finish_reason:
+            self.proposer.finished(DraftContext(self.tokens, self.num_prompt))
         # Cut with the tokens: nothing past EOS, a stop string or max_new_tokens (vLLM #47616).
         logprobs = outcome.logprobs[: len(committed)] if outcome.logprobs is not None else None
         stats = self.stats

@@ -7,7 +7,7 @@ edges only gather the typed values into a mapping keyed by `FIELDS`, so a
 spelling accepted in one place is accepted in all of them.
 
 Typed forms (strings as typed, or already-typed numbers):
-  proposer   a registered name (ngram, draft, eagle, medusa, auto, none) or a
+  proposer   a registered name (ngram, suffix, draft, eagle, medusa, auto, none) or a
              draft source (`self:L`), which means proposer draft with that draft
   k          a whole number (fixed), or `auto`: chosen per step, capped by k_max
   tree       a whole number (node budget), `auto` (budget chosen per step up to
@@ -74,7 +74,8 @@ FIELDS: dict[str, Any] = {
     "tree_shape": SpecConfig.tree_shape, "tree_branch": SpecConfig.tree_branch,
     "draft": None, "profile": None, "ngram_min": SpecConfig.ngram_min,
     "ngram_max": SpecConfig.ngram_max, "head": None, "head_vocab": SpecConfig.head_vocab,
-    "lossy_typical": False,
+    "lossy_typical": False, "suffix_factor": SpecConfig.suffix_factor,
+    "suffix_offset": SpecConfig.suffix_offset, "suffix_min_prob": SpecConfig.suffix_min_prob,
 }
 _DERIVED = {"proposer", "k", "k_max", "tree", "tree_max", "draft"}  # not copied verbatim
 HEAD_PROPOSERS = ("eagle", "medusa", "auto")  # the proposers that read a head directory
@@ -100,6 +101,15 @@ def _whole(value: Any, name: str, also: str) -> int:
     except ValueError:
         raise SpecError(f"--{name.replace('_', '-')} takes a whole number or {also}, "
                         f"got {value!r}", name) from None
+
+
+def _number(value: Any, name: str) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except (TypeError, ValueError):
+        raise SpecError(f"--{name.replace('_', '-')} takes a number, got {value!r}", name) from None
 
 
 def proposer_names() -> list[str]:
@@ -132,6 +142,8 @@ def parse_spec(typed: Mapping[str, Any] | None = None, **more: Any) -> SpecConfi
     if values["head"] is not None and proposer not in HEAD_PROPOSERS:
         raise SpecError(f"a head directory needs a trained-head proposer "
                         f"({', '.join(HEAD_PROPOSERS)}), not {proposer!r}", "head")
+    for key in _FLOATS:
+        values[key] = _number(values[key], key)
     common = {key: values[key] for key in FIELDS if key not in _DERIVED}
     k_auto = str(values["k"]) == "auto"
     tree_text = str(values["tree"])
@@ -185,6 +197,7 @@ def parse_token(token: str, base: Mapping[str, Any] | None = None) -> SpecConfig
         raise SpecError(f"proposer {token!r}: {exc}", exc.field) from None
 
 
+_FLOATS = {key for key, default in FIELDS.items() if type(default) is float}
 # Fields whose modifier text is a number (k and tree keep their words: auto, k).
 _NUMBERS = {key for key, default in FIELDS.items()
             if type(default) is int and key not in ("k", "tree")}

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli_args import add_model_args, engine_from
+from ..cli_args import (add_model_args, add_suffix_cache_arg, engine_from, load_suffix_cache,
+                        save_suffix_cache)
 from ..config import SamplingParams
 from . import plots, report
 from .peers import needs_hf, parse_peers
@@ -172,11 +173,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     out_dir = _make_dir(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"), "--out")
     engine = engine_from(args)
+    load_suffix_cache(engine, args.suffix_cache)
     peer_engine = None
     if engine.backend != "hf" and needs_hf(plan.configs):
         peer_engine = engine_from(args, backend="hf")
     outcome = execute(engine, plan, out_dir, progress=not args.no_progress,
                       peer_engine=peer_engine)
+    save_suffix_cache(engine, args.suffix_cache)
     print(outcome.markdown, end="")
     print(f"verispec bench: results in {outcome.out_dir}/ "
           f"({', '.join(p.name for p in outcome.files)})", file=sys.stderr)
@@ -264,6 +267,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="always generate --max-new-tokens tokens (fixed-length runs)")
     bench.add_argument("--out", default=None, metavar="DIR",
                        help="results directory (default bench-results/<timestamp>)")
+    add_suffix_cache_arg(bench)
     bench.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     bench.add_argument("--concurrency", default=None, metavar="LIST",
                        help="serving benchmark: concurrent streams per level, e.g. 1,2,4,8,16; "

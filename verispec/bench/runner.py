@@ -21,6 +21,7 @@ from tqdm import tqdm
 from ..config import SamplingParams, SpecConfig
 from ..engine import validate_prompt
 from ..lossless import compare_greedy
+from ..proposers.suffix_store import SuffixStore
 from ..spec_text import parse_token
 from .workloads import Prompt
 
@@ -244,8 +245,17 @@ def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig])
     """One short untimed generation per config: loads drafts, fills allocator
     pools and lets one-time kernel selection happen outside the clock."""
     short = replace(runner.sampling, max_new_tokens=min(_WARMUP_TOKENS, runner.sampling.max_new_tokens))
-    for config in configs:
-        runner.run(prompt, config, short)
+    # Warm-up outputs must not teach the suffix store: a cold run starts it empty.
+    engine = runner.engine
+    kept = getattr(engine, "suffix_store", None)
+    if kept is not None:
+        engine.suffix_store = SuffixStore()
+    try:
+        for config in configs:
+            runner.run(prompt, config, short)
+    finally:
+        if kept is not None:
+            engine.suffix_store = kept
 
 
 def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[BenchConfig],

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-WORKLOADS: tuple[str, ...] = ("summarize", "code-edit", "humaneval", "creative", "chat", "mixed")
+WORKLOADS: tuple[str, ...] = ("summarize", "code-edit", "humaneval", "creative", "chat", "mixed",
+                              "agentic")
 _ROLES = frozenset({"system", "user", "assistant"})
 
 

@@ -1,6 +1,6 @@
 """`auto`: per request, draft with whichever proposer is paying best right now.
 
-Candidates are ngram (free), eagle and medusa (when a trained head matches the
+Candidates are ngram and suffix (both free), eagle and medusa (when a trained head matches the
 target), a draft model (when `SpecConfig.draft` names one) and plain decoding. Each step picks the candidate, and its draft
 length up to the engine's k, with the highest expected goodput,
 E[tokens per pass] / (draft time + verify time), from:
@@ -51,7 +51,7 @@ from ..acceptance import Evidence
 from ..economics import chain_tokens
 from .base import DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, build, register
 
-CANDIDATES = ("ngram", "eagle", "medusa", "draft")  # each where it can be built
+CANDIDATES = ("ngram", "suffix", "eagle", "medusa", "draft")  # each where it can be built
 log = logging.getLogger(__name__)
 
 
@@ -139,6 +139,10 @@ class AutoProposer(Proposer):
     @property
     def active(self) -> str:
         return self.choice
+
+    def finished(self, ctx: DraftContext) -> None:
+        for track in self.tracks.values():
+            track.proposer.finished(ctx)
 
     def evidence(self, ctx: DraftContext) -> Evidence | None:
         """The evidence of the first free candidate that gives any (n-gram lookup's

@@ -112,6 +112,10 @@ class Proposer(ABC):
         "Evidence"). None: no such evidence."""
         return None
 
+    def finished(self, ctx: DraftContext) -> None:
+        """The request ended (EOS, a stop string or its length) with ctx.tokens
+        committed: a proposer that learns across requests (suffix) keeps its output."""
+
 
 ProposerFactory = Callable[[ProposerSetup], Proposer]
 _REGISTRY: dict[str, ProposerFactory] = {}

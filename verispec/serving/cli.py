@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_args import add_model_args, engine_from, proposer_arg
+from ..cli_args import (add_model_args, add_suffix_cache_arg, engine_from, load_suffix_cache,
+                        proposer_arg, save_suffix_cache)
 from .protocol import serve_defaults
 
 _EPILOG = """\
@@ -35,6 +36,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ray or args.ray_address:
         from .ray_app import serve_ray
 
+        if args.suffix_cache:
+            raise ValueError("--suffix-cache needs one server process: with --ray every "
+                             "replica keeps its own suffix store")
+
         return serve_ray(args)
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
                                 profile=load_profile(args.profile) if args.profile else None,
@@ -50,7 +55,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"k {'auto <= ' if defaults.adaptive else ''}{defaults.k}, "
           f"max_num_seqs {args.max_num_seqs}, max_queue {args.max_queue}", flush=True)
     print(f"verispec serve: the playground is at http://{args.host}:{args.port}/playground", flush=True)
+    load_suffix_cache(engine, args.suffix_cache)
     serve(engine, config, args.host, args.port, args.log_level)
+    save_suffix_cache(engine, args.suffix_cache)
     return 0
 
 
@@ -81,6 +88,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                         "windows alternate steps that allow drafts with steps that do not, and "
                         "adaptive requests speculate only while the first commit more tokens per "
                         "second (default 16; 0 = trust the cost model alone)")
+    add_suffix_cache_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-num-seqs", type=int, default=8,

@@ -1,0 +1,331 @@
+"""Suffix decoding: the store finds what a scan finds, stays within its bounds,
+survives a corrupt cache file, is shared consistently by concurrent server
+requests; and the proposer is lossless (greedy identical, sampled output the
+target's) whether its drafts come from past outputs or the request itself."""
+from __future__ import annotations
+
+import json
+import random
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import CharTokenizer, tiny_target
+from test_head_equality import _exact_marginals, _worst_pvalue
+from verispec import Engine, SamplingParams, SpecConfig
+from verispec.cli import main
+from verispec.lossless import compare_greedy
+from verispec.proposers.base import DraftContext
+from verispec.proposers.suffix import SuffixProposer, SuffixSettings, grow_draft
+from verispec.proposers.suffix_store import ANCHORS, SuffixCacheError, SuffixIndex, SuffixStore
+
+PLAIN = SpecConfig("none", k=0)
+PROMPTS = [[3, 17, 4, 9, 3, 17, 4], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
+
+
+# -- the store -------------------------------------------------------------------
+
+def _scan(sequences: list[list[int]], context: list[int], depth: int) -> dict[tuple[int, int], int]:
+    """(sequence, index of the matched suffix's last token) -> match length, for every
+    occurrence of the context's longest anchor that has a continuation: a full scan."""
+    for n in ANCHORS:
+        found = {}
+        for s, seq in enumerate(sequences):
+            for i in range(n - 1, len(seq) - 1):
+                m = 0
+                while m < min(depth, len(context)) and m <= i and seq[i - m] == context[-1 - m]:
+                    m += 1
+                if m >= n:
+                    found[(s, i)] = m
+        if found:
+            return found
+    return {}
+
+
+def test_store_matches_equal_a_full_scan():
+    rng = random.Random(1)
+    for trial in range(40):
+        sequences = [[rng.randrange(5) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
+        store = SuffixStore(max_depth=8, recent=10_000)
+        for seq in sequences:
+            store.add(seq)
+        context = [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+        starts = np.cumsum([1] + [len(s) + 1 for s in sequences])  # stream position of each
+        want = _scan(sequences, context, 8)
+        got = {}
+        for match in store.matches(context):
+            s = int(np.searchsorted(starts, match.position, side="right")) - 1
+            got[(s, match.position - int(starts[s]))] = match.length
+        assert got == want, (sequences, context)
+        for (s, i), m in want.items():
+            position = int(starts[s]) + i
+            assert store._index.continuation(position, 3) == sequences[s][i + 1:i + 4]
+
+
+def test_open_sequence_indexes_as_it_grows():
+    """The per-request index, fed step by step, matches the same index built at once."""
+    rng = random.Random(2)
+    tokens = [rng.randrange(4) for _ in range(60)]
+    grown = SuffixIndex(max_depth=16)
+    grown.add(tokens[:5], keep_open=True)
+    for i in range(5, 60, 3):
+        grown.extend(tokens[i:i + 3])
+    whole = SuffixIndex(max_depth=16)
+    whole.add(tokens)
+    assert grown.matches(tokens) == whole.matches(tokens) != []
+
+
+def test_store_memory_stays_bounded_over_1e5_requests():
+    """10^5 inserted outputs into a store bounded at 1000 outputs and 5000 tokens:
+    the bounds hold throughout, the index is swept so memory plateaus, the
+    reported memory is what the store really allocates, and old outputs are gone."""
+    rng = random.Random(0)
+    store = SuffixStore(max_requests=1000, max_tokens=5000)
+    first_full = None
+    for i in range(100_000):
+        store.add([rng.randrange(300) for _ in range(rng.randrange(1, 10))])
+        if i % 10_000 == 9_999:
+            stats = store.stats()
+            assert stats.requests <= 1000 and stats.tokens <= 5000
+            assert stats.index_entries <= 2 * len(ANCHORS) * 5000 + 1024
+            first_full = first_full or stats.memory_bytes
+            assert stats.memory_bytes < 1.5 * first_full
+    assert store.inserted == 100_000
+    assert store.stats().requests == len(store.sequences())
+    store.add([301, 302, 303, 304])
+    assert store.matches([301, 302, 303])
+    # The report against the allocator: copy the live outputs into a fresh store under
+    # tracemalloc (a fresh store has no dead entries, so it reports its live size).
+    kept = store.sequences()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    copy = SuffixStore(max_requests=1000, max_tokens=5000)
+    for seq in kept:
+        copy.add(seq)
+    allocated = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert 0.5 < copy.stats().memory_bytes / allocated < 1.5
+
+
+def test_cache_file_round_trip_and_corruption(tmp_path):
+    store = SuffixStore()
+    for seq in ([1, 2, 3], [4, 5], [6]):
+        store.add(seq)
+    path = str(tmp_path / "suffix.npz")
+    store.save(path)
+    loaded = SuffixStore()
+    assert loaded.load(path, vocab_size=10) == 3
+    assert loaded.sequences() == [[1, 2, 3], [4, 5], [6]]
+    with pytest.raises(SuffixCacheError, match="another model's vocabulary"):
+        SuffixStore().load(path, vocab_size=5)
+    bad = tmp_path / "bad.npz"
+    for payload in (b"not a cache at all", open(path, "rb").read()[:100]):
+        bad.write_bytes(payload)
+        fresh = SuffixStore()
+        with pytest.raises(SuffixCacheError) as caught:
+            fresh.load(str(bad))
+        assert "\n" not in str(caught.value) and "not a readable suffix cache" in str(caught.value)
+        assert fresh.sequences() == []
+
+
+# -- drafting ---------------------------------------------------------------------
+
+def test_drafts_follow_frequencies_within_caps():
+    paths = [[5, 6, 7]] * 6 + [[5, 8]] * 3 + [[9]]
+    chain, score = grow_draft(paths, 8, chain=True, min_prob=0.1, stop=frozenset())
+    assert chain.tokens == [5, 6, 7] and score == pytest.approx(0.9 + 0.6 + 0.6)
+    tree, score = grow_draft(paths, 8, chain=False, min_prob=0.25, stop=frozenset())
+    assert tree.tokens == [5, 6, 7, 8] and score == pytest.approx(0.9 + 0.6 + 0.6 + 0.3)
+    cut, _ = grow_draft(paths, 8, chain=True, min_prob=0.1, stop=frozenset({6}))
+    assert cut.tokens == [5, 6]  # nothing past a stop token
+    # Depth <= factor * m + offset: a 2-token match drafts at most 2 with factor 1.
+    proposer = SuffixProposer(None, frozenset(), settings=SuffixSettings(1.0, 0.0, 0.0))
+    tokens = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2]
+    assert proposer.propose(DraftContext(tokens, len(tokens)), 8).tokens.tolist() == [3, 4]
+
+
+def test_global_store_beats_a_weaker_request_match():
+    """The best-scoring draft of both stores wins: three past outputs agree on
+    what follows, this request's two earlier occurrences disagree (score 1.5 < 3)."""
+    store = SuffixStore()
+    for _ in range(3):
+        store.add([1, 2, 3, 4, 5, 6])
+    proposer = SuffixProposer(store, frozenset(), settings=SuffixSettings(2.0, 0.0, 0.1))
+    tokens = [2, 3, 7, 2, 3, 8, 5, 2, 3]
+    assert proposer.propose(DraftContext(tokens, 4), 3).tokens.tolist() == [4, 5, 6]
+    assert proposer.last.source == "global" and proposer.last.score == pytest.approx(3)
+    alone = SuffixProposer(None, frozenset(), settings=SuffixSettings(2.0, 0.0, 0.1))
+    # Alone, an even split goes to the newest occurrence.
+    assert alone.propose(DraftContext(tokens, 4), 3).tokens.tolist() == [8, 5, 2]
+    assert alone.last.source == "request" and alone.last.score == pytest.approx(1.5)
+    proposer.finished(DraftContext(tokens, 4))
+    assert store.sequences()[-1] == tokens[4:]
+
+
+# -- lossless -----------------------------------------------------------------------
+
+def _random_store(vocab: int, seed: int) -> SuffixStore:
+    """Past outputs unrelated to the target: drafts that are mostly rejected."""
+    rng = random.Random(seed)
+    store = SuffixStore()
+    for _ in range(200):
+        store.add([rng.randrange(vocab) for _ in range(rng.randrange(5, 40))])
+    return store
+
+
+@pytest.mark.parametrize("backend,tree", [("native", 0), ("native", 12), ("hf", 12)])
+def test_greedy_equality_tiny(backend, tree, tiny, tiny_native):
+    target = tiny if backend == "hf" else tiny_native
+    spec = SpecConfig("suffix", k=6, tree=tree, suffix_min_prob=0.0)
+    for store in (SuffixStore(), _random_store(target.vocab_size, 3)):
+        engine = Engine(target, tokenizer=CharTokenizer())
+        engine.suffix_store = store
+        for prompt in PROMPTS:
+            want = engine.generate(prompt, SamplingParams(max_new_tokens=32), PLAIN).token_ids
+            for run in ("cold", "warm"):
+                got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
+                comparison = compare_greedy(target, prompt, want, got.token_ids)
+                assert comparison.identical, (run, comparison.describe())
+            # Warm: the store holds this prompt's output, so it is drafted and accepted.
+            assert got.stats.accepted >= 24 and got.stats.tau > 3
+
+
+@pytest.mark.slow
+def test_greedy_equality_default_model(default_engine):
+    engine = default_engine
+    saved = engine.suffix_store
+    engine.suffix_store = SuffixStore()
+    try:
+        prompts = [engine.encode("List three colours as JSON: {\"colours\": ["),
+                   engine.encode("def fibonacci(n):\n")]
+        for prompt in prompts:
+            want = engine.generate(prompt, SamplingParams(max_new_tokens=24), PLAIN).token_ids
+            for tree in (0, 8):
+                got = engine.generate(prompt, SamplingParams(max_new_tokens=24),
+                                      SpecConfig("suffix", k=6, tree=tree))
+                comparison = compare_greedy(engine.target, prompt, want, got.token_ids)
+                assert comparison.identical, comparison.describe()
+            assert got.stats.tau > 2  # the second run drafts from the first's output
+    finally:
+        engine.suffix_store = saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [0, 6])
+def test_sampled_output_follows_the_target(tree):
+    """1000 seeded three-token requests on a vocab-8 target at T = 2, drafting from a
+    store whose outputs after the prompt branch several ways (and which learns every
+    request's output as it goes): the first and second tokens' marginals pass
+    chi-square against the target's exact ones, and drafts are often accepted."""
+    target = tiny_target(11, layers=1, vocab=8)
+    engine = Engine(target)
+    rng = random.Random(5)
+    for _ in range(40):
+        engine.suffix_store.add([1, 2, 3, rng.randrange(8), rng.randrange(8)])
+    prompt, temperature, runs = [1, 2, 3], 2.0, 1000
+    spec = SpecConfig("suffix", k=2, tree=tree, suffix_min_prob=0.0)
+    counts = np.zeros((2, 8))
+    drafted = accepted = 0
+    for seed in range(runs):
+        got = engine.generate(prompt, SamplingParams(temperature=temperature, seed=seed,
+                                                     max_new_tokens=3), spec)
+        counts[0, got.token_ids[0]] += 1
+        counts[1, got.token_ids[1]] += 1
+        drafted += got.stats.drafted
+        accepted += got.stats.accepted
+    assert drafted >= 2 * runs and 0.1 * runs < accepted < drafted
+    assert _worst_pvalue(counts, _exact_marginals(target, prompt, temperature), runs) > 1e-3
+
+
+def test_auto_has_suffix_as_a_candidate(tiny):
+    engine = Engine(tiny, tokenizer=CharTokenizer())
+    prompt = PROMPTS[1]
+    want = engine.generate(prompt, SamplingParams(max_new_tokens=32), PLAIN).token_ids
+    spec = SpecConfig("auto", k=6, adaptive=True)
+    for _ in range(2):
+        got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
+        assert got.token_ids == want
+    assert engine.suffix_store.sequences() == [want, want]
+    assert "suffix" in {step.proposer for step in got.stats.steps}
+
+
+# -- the edges: the CLI's cache file, one store behind a server --------------------
+
+def test_cli_corrupt_suffix_cache_warns_once_and_starts_fresh(capsys, tmp_path):
+    import shutil
+
+    from conftest import tiny_llama
+    from verispec.models import loading
+
+    folder = tmp_path / "small"  # a random model with the default model's tokenizer
+    tiny_llama(0, vocab=49152, layers=2, max_positions=256).save_pretrained(folder)
+    source = loading.resolve_model_dir(None)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    cache = tmp_path / "suffix.npz"
+    cache.write_bytes(b"\x00garbage, not a cache")
+    argv = ["generate", "--model", str(folder), "--prompt", "a b a b a b", "--max-new-tokens",
+            "12", "--json", "--dtype", "fp32", "--proposer", "suffix", "--suffix-cache", str(cache)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert any("saved 1 outputs" in line for line in err.splitlines())
+    assert len(warnings) == 1 and "not a readable suffix cache" in warnings[0]
+    assert "starting with an empty store" in warnings[0]
+    first = json.loads(out)["token_ids"]
+    assert SuffixStore().load(str(cache)) == 1  # rewritten, valid, with this run's output
+    assert main(argv) == 0  # the second run learns from the first
+    out, err = capsys.readouterr()
+    assert "1 cached outputs" in err
+    second = json.loads(out)
+    assert second["token_ids"] == first and second["stats"]["accepted"] >= 8
+
+
+def test_concurrent_server_requests_share_one_consistent_store(tiny):
+    """Eight clients at once, twice: every answer equals plain decoding, the store
+    holds exactly the first wave's outputs after it, and the second wave (other
+    connections, the same prompts) drafts from them."""
+    import http.client
+
+    from test_server import ChatCharTokenizer
+    from verispec.serving.protocol import ServeDefaults
+    from verispec.serving.scheduler import SchedulerConfig
+    from verispec.serving.server import ServerConfig, ServerThread, create_app
+
+    engine = Engine(tiny, tokenizer=ChatCharTokenizer())
+    prompts = ["abcabcab", "hello world", "xyzzy", "0123456789", "aaaa", "qwerty", "+-+-+", "zz"]
+    want = {p: engine.generate(p, SamplingParams(max_new_tokens=20), PLAIN).text for p in prompts}
+    config = ServerConfig(("tiny",), ServeDefaults(proposer="suffix", k=6, adaptive=False),
+                          SchedulerConfig(max_num_seqs=4, max_queue=32))
+
+    def ask(server, prompt, out):
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 20, "temperature": 0})
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Content-Type": "application/json"})
+        out[prompt] = json.loads(conn.getresponse().read())
+        conn.close()
+
+    def wave(server):
+        out: dict = {}
+        threads = [threading.Thread(target=ask, args=(server, p, out)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    with ServerThread(create_app(engine, config)) as server:
+        first = wave(server)
+        stored = sorted(engine.decode(seq) for seq in engine.suffix_store.sequences())
+        second = wave(server)
+    for answers in (first, second):
+        assert {p: a["choices"][0]["text"] for p, a in answers.items()} == want
+    assert stored == sorted(want.values())
+    assert engine.suffix_store.stats().requests == 2 * len(prompts)
+    cold, warm = (sum(a["speculation"]["accepted"] for a in answers.values())
+                  for answers in (first, second))
+    assert warm >= 0.5 * 19 * len(prompts) and warm > 2 * cold

@@ -1,0 +1,199 @@
+"""Suffix decoding (Oliaro et al., "SuffixDecoding", NeurIPS 2025; Snowflake's
+ArcticInference; vLLM's `suffix` method): draft what followed the context's
+suffix, counted over two token stores (verispec.proposers.suffix_store):
+
+- the global store, past outputs of every request of the Engine (or of every
+  request a server runs), which learns as requests finish;
+- this request's own prompt and output so far.
+
+In each store the occurrences of the context's suffix of length m and what
+followed them form a weighted trie: a node's frequency-based probability is
+the share of occurrences that pass through it. A draft grows best-first
+while that probability stays at least `min_prob`, to a depth of at most
+`factor * m + offset` (and k): the longer the match, the further its
+continuation is trusted. A chain takes each node's likeliest child; a tree
+takes the best nodes up to the step's budget. A draft's score is the sum of
+its nodes' probabilities, the number of tokens it expects accepted; each
+store is tried at its few longest match lengths and the best-scoring draft of
+either store is proposed.
+
+Drafts are a deterministic function of the context and the stores' contents,
+never of the request's sampler, so they carry no draft_probs: the one-hot
+(chain) and multi-draft (tree) rejection rules keep sampled output exactly the
+target's.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..acceptance import Evidence
+from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from .ngram import match_evidence
+from .suffix_store import SuffixIndex, SuffixStore
+from .tree_drafting import DraftTree, as_proposal
+
+MATCH_LENGTHS_TRIED = 4  # distinct match lengths scored per store, longest first
+
+
+@dataclass(frozen=True)
+class SuffixSettings:
+    factor: float = 1.0  # max_spec_factor: draft depth per matched token
+    offset: float = 0.0  # added to factor * m
+    min_prob: float = 0.1  # min_token_prob: a node's path probability must stay at least this
+
+    def depth_cap(self, match_length: int) -> int:
+        return int(math.floor(self.factor * match_length + self.offset))
+
+
+@dataclass
+class ScoredDraft:
+    draft: DraftTree
+    score: float  # expected accepted tokens: the sum of the nodes' path probabilities
+    match_length: int
+    source: str  # "global" or "request"
+
+
+def _trie(continuations: list[list[int]], stop: frozenset[int]):
+    """Children per node and occurrence counts of a trie over the continuations;
+    node 0 is the root. Nothing is grown past a stop token."""
+    children: list[dict[int, int]] = [{}]
+    counts = [len(continuations)]
+    tokens = [-1]
+    for path in continuations:
+        node = 0
+        for token in path:
+            child = children[node].get(token)
+            if child is None:
+                child = len(counts)
+                children[node][token] = child
+                children.append({})
+                counts.append(0)
+                tokens.append(token)
+            counts[child] += 1
+            node = child
+            if token in stop:
+                break
+    return children, counts, tokens
+
+
+def grow_draft(continuations: list[list[int]], max_nodes: int, chain: bool,
+               min_prob: float, stop: frozenset[int]) -> tuple[DraftTree, float]:
+    """The best-first draft over the continuations' trie and its score.
+
+    A child's probability never exceeds its parent's, so taking nodes in
+    decreasing probability (ties to the earlier pushed) keeps the taken set
+    ancestor-closed, in an order where every parent precedes its children.
+    """
+    children, counts, tokens = _trie(continuations, stop)
+    total = counts[0]
+    draft, score = DraftTree(), 0.0
+    if not total:
+        return draft, score
+    heap: list[tuple[float, int, int, int]] = []  # (-probability, order, trie node, parent node)
+    order = 0
+
+    def push(trie_node: int, parent: int) -> None:
+        nonlocal order
+        kids = sorted(children[trie_node].values(), key=lambda c: -counts[c])
+        for child in kids[:1] if chain else kids:
+            heapq.heappush(heap, (-counts[child] / total, order, child, parent))
+            order += 1
+
+    push(0, -1)
+    while heap and len(draft) < max_nodes:
+        neg_prob, _, node, parent = heapq.heappop(heap)
+        prob = -neg_prob
+        if prob < min_prob:
+            break
+        parent_prob = 1.0 if parent == -1 else math.exp(draft.scores[parent])
+        index = draft.add(tokens[node], parent, math.log(prob / parent_prob))
+        score += prob
+        push(node, index)
+    return draft, score
+
+
+class SuffixProposer(Proposer):
+    name = "suffix"
+    free = True  # a lookup per step; its per-request index follows the context like n-gram's
+
+    def __init__(self, store: SuffixStore | None, eos_token_ids: frozenset[int],
+                 tree_nodes: int = 0, settings: SuffixSettings = SuffixSettings(),
+                 ignore_eos: bool = False) -> None:
+        self.store = store  # None: only this request's own text (no Engine store)
+        self.tree_nodes = tree_nodes
+        self.settings = settings
+        self.stop = frozenset() if ignore_eos else frozenset(eos_token_ids)
+        depth = store.max_depth if store is not None else 32
+        self.local = SuffixIndex(max_depth=depth)
+        self._seen: list[int] = []
+        self.last: ScoredDraft | None = None  # the latest proposal's draft, for stats and tests
+
+    def _follow(self, tokens: list[int]) -> None:
+        """Index the committed context: extend, or start over if it is not an extension."""
+        old = len(self._seen)
+        if tokens[:old] != self._seen:
+            self.local, old = SuffixIndex(self.local.max_depth), 0
+            self._seen = []
+        if old == 0:
+            self.local.add(tokens, keep_open=True)
+        else:
+            self.local.extend(tokens[old:])
+        self._seen = list(tokens)
+
+    def _candidates(self, ctx: DraftContext, length: int) -> dict[str, list[tuple[int, list[int]]]]:
+        self._follow(ctx.tokens)
+        local = [(m.length, self.local.continuation(m.position, length))
+                 for m in self.local.matches(ctx.tokens)]
+        found = {"request": local}
+        if self.store is not None:
+            found["global"] = self.store.continuations(ctx.tokens, length)
+        return found
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal:
+        self.last = None
+        if k <= 0:
+            return Proposal.empty()
+        nodes = ctx.tree_budget(self.tree_nodes)
+        chain = nodes <= 0
+        best: ScoredDraft | None = None
+        for source, found in self._candidates(ctx, k).items():
+            lengths = sorted({m for m, _ in found}, reverse=True)[:MATCH_LENGTHS_TRIED]
+            for m in lengths:
+                depth = min(k, self.settings.depth_cap(m))
+                if depth < 1:
+                    continue
+                paths = [path[:depth] for length, path in found if length >= m]
+                draft, score = grow_draft(paths, depth if chain else nodes, chain,
+                                          self.settings.min_prob, self.stop)
+                if len(draft) and (best is None or score > best.score):
+                    best = ScoredDraft(draft, score, m, source)
+        self.last = best
+        if best is None:
+            return Proposal.empty()
+        tree = best.draft.subtree(list(range(len(best.draft))))
+        if tree.max_depth == len(tree):  # a single path: verify it as a chain
+            return Proposal(tree.tokens)
+        return as_proposal(tree)
+
+    def evidence(self, ctx: DraftContext) -> Evidence:
+        """The longest match either store holds, keyed like n-gram lookup's."""
+        found = self._candidates(ctx, 0)
+        return match_evidence(max((m for matches in found.values() for m, _ in matches), default=0))
+
+    def finished(self, ctx: DraftContext) -> None:
+        if self.store is not None:
+            self.store.add(ctx.tokens[ctx.num_prompt:])
+
+
+@register("suffix")
+def _build(setup: ProposerSetup) -> Proposer:
+    spec = setup.spec
+    return SuffixProposer(setup.resources.get("suffix_store"), setup.target.eos_token_ids,
+                          tree_nodes=spec.tree,
+                          settings=SuffixSettings(spec.suffix_factor, spec.suffix_offset,
+                                                  spec.suffix_min_prob),
+                          ignore_eos=setup.sampling.ignore_eos)

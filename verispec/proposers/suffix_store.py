@@ -1,0 +1,276 @@
+"""Token sequences indexed for suffix matching (SuffixDecoding, Oliaro et al.,
+NeurIPS 2025): what suffix decoding drafts from.
+
+`SuffixIndex` keeps sequences in one token stream, each followed by a
+sentinel, and an index from short anchor n-grams to the stream positions where
+they end. A lookup takes the most recent occurrences of the context's longest
+anchor and extends each match backwards token by token (the sentinel stops
+it), which finds what a suffix tree's walk finds: the occurrences of the
+context's suffix of length m, and what followed each. Counts are taken over
+the `recent` newest occurrences of the anchor, so a frequent anchor costs a
+bounded scan; on text whose outputs repeat, the newest occurrences are the
+ones that predict.
+
+`SuffixStore` is the global store over past outputs: bounded by requests and
+tokens, oldest evicted first, safe to share between threads, saved to and
+loaded from a file (`--suffix-cache`).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import sys
+import threading
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+SENTINEL = -1  # ends every sequence; never equal to a token, so matches stop there
+ANCHORS = (3, 1)  # anchor n-gram lengths, longest first: 3 finds long matches among a
+# frequent token's occurrences, 1 finds the short ones
+_BITS = 21  # anchor keys pack n tokens of < 2**21 ids into one int, exactly
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Match:
+    position: int  # stream position of the matched suffix's last token
+    length: int  # tokens matched, up to the index's max_depth
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    requests: int
+    tokens: int
+    index_entries: int  # live and not yet swept
+    memory_bytes: int  # the stream, the index and their containers (sys.getsizeof)
+
+
+class SuffixIndex:
+    """Sequences and their anchor index; the last sequence may stay open and grow."""
+
+    def __init__(self, max_depth: int = 32, recent: int = 64) -> None:
+        self.max_depth, self.recent = max_depth, recent
+        self.tokens = array("q", [SENTINEL])  # the stream, from global position `offset`
+        self.offset = 0
+        self.bounds: deque[tuple[int, int]] = deque()  # global [start, end) of each sequence
+        self.index: dict[int, dict[int, list[int]]] = {n: {} for n in ANCHORS}
+        self.entries = 0  # index entries appended since the last sweep, dead ones included
+        self.count = 0  # live tokens
+        self.open = False  # the last sequence may still be extended
+
+    # -- building -------------------------------------------------------------
+    def add(self, tokens: list[int], keep_open: bool = False) -> None:
+        """A new sequence; `keep_open`: `extend` may append to it later."""
+        self._seal()
+        start = self.offset + len(self.tokens)
+        self.tokens.append(SENTINEL)  # the new sequence's own, at its end
+        self.bounds.append((start, start))
+        self.open = True
+        self.extend(tokens)
+        if not keep_open:
+            self._seal()
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append to the open last sequence, indexing every position that now has a
+        continuation (the last token waits for the next one)."""
+        if not self.open:
+            raise RuntimeError("extend() needs an open sequence")
+        if not tokens:
+            return
+        start, end = self.bounds[-1]
+        del self.tokens[-1]  # the open sequence's sentinel
+        self.tokens.extend(tokens)
+        self.tokens.append(SENTINEL)
+        self.bounds[-1] = (start, end + len(tokens))
+        self.count += len(tokens)
+        self._index_range(start, max(start, end - 1), end + len(tokens) - 1)
+
+    def _seal(self) -> None:
+        self.open = False
+
+    def _index_range(self, start: int, first: int, stop: int) -> None:
+        """Index the anchors ending at positions [first, stop) of a sequence from `start`."""
+        tokens, off = self.tokens, self.offset
+        for n, table in self.index.items():
+            for i in range(max(first, start + n - 1), stop):
+                key = 0
+                for j in range(i - n + 1, i + 1):
+                    key = (key << _BITS) | tokens[j - off]
+                table.setdefault(key, []).append(i)
+                self.entries += 1
+
+    def evict_oldest(self) -> None:
+        """Drop the oldest sequence; its index entries are swept lazily."""
+        start, end = self.bounds.popleft()
+        self.count -= end - start
+        if not self.bounds:
+            self.open = False
+        live = self.live_start
+        dead = live - self.offset - 1  # keep the sentinel before the first live token
+        if dead > len(self.tokens) // 2:
+            del self.tokens[:dead]
+            self.offset += dead
+        if self.entries > 2 * len(ANCHORS) * self.count + 1024:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Rebuild the index from the live sequences: keeps it within twice its
+        live size, so memory follows the bounds however many sequences passed."""
+        self.index = {n: {} for n in ANCHORS}
+        self.entries = 0
+        for start, end in self.bounds:
+            self._index_range(start, start, end - 1)
+
+    # -- reading --------------------------------------------------------------
+    @property
+    def live_start(self) -> int:
+        return self.bounds[0][0] if self.bounds else self.offset + len(self.tokens)
+
+    def matches(self, context: list[int]) -> list[Match]:
+        """Occurrences of the context's suffix with a continuation, from the newest
+        `recent` occurrences of its longest anchor found, longest match first."""
+        query = context[-self.max_depth:]
+        tokens, off, live = self.tokens, self.offset, self.live_start
+        for n in ANCHORS:
+            if len(query) < n:
+                continue
+            key = 0
+            for token in query[-n:]:
+                key = (key << _BITS) | token
+            ends = self.index[n].get(key)
+            if not ends:
+                continue
+            first = max(bisect.bisect_left(ends, live), len(ends) - self.recent)
+            found = []
+            for i in reversed(ends[first:]):
+                m = n
+                while m < len(query) and tokens[i - m - off] == query[-1 - m]:
+                    m += 1
+                found.append(Match(i, m))
+            if found:
+                found.sort(key=lambda match: -match.length)
+                return found
+        return []
+
+    def continuation(self, position: int, length: int) -> list[int]:
+        """Up to `length` tokens after stream position `position`, within its sequence."""
+        begin = position + 1 - self.offset
+        out = self.tokens[begin:begin + length].tolist()
+        return out[:out.index(SENTINEL)] if SENTINEL in out else out
+
+    def sequences(self) -> list[list[int]]:
+        return [self.tokens[s - self.offset:e - self.offset].tolist() for s, e in self.bounds]
+
+    def memory_bytes(self) -> int:
+        size = sys.getsizeof(self.tokens) + sys.getsizeof(self.bounds)
+        for table in self.index.values():
+            size += sys.getsizeof(table)
+            for key, ends in table.items():
+                size += sys.getsizeof(key) + sys.getsizeof(ends) + sum(map(sys.getsizeof, ends))
+        return size
+
+
+class SuffixCacheError(ValueError):
+    """A `--suffix-cache` file that cannot be used; the message is one line."""
+
+
+class SuffixStore:
+    """The global store over past outputs, shared by every request of an Engine.
+
+    Bounded by `max_requests` sequences and `max_tokens` tokens: adding past
+    either evicts the oldest sequences first. A lock makes every read and
+    write atomic, so requests served from several threads see one store.
+    """
+
+    def __init__(self, max_requests: int = 4096, max_tokens: int = 1 << 18,
+                 max_depth: int = 32, recent: int = 64) -> None:
+        if max_requests < 1 or max_tokens < 1:
+            raise ValueError(f"a suffix store needs max_requests and max_tokens >= 1, "
+                             f"got {max_requests}, {max_tokens}")
+        self.max_requests, self.max_tokens = max_requests, max_tokens
+        self._index = SuffixIndex(max_depth, recent)
+        self._lock = threading.Lock()
+        self.inserted = 0  # sequences ever added, evicted ones included
+
+    @property
+    def max_depth(self) -> int:
+        return self._index.max_depth
+
+    def add(self, tokens: list[int]) -> None:
+        """Cache one output (the newest); a sequence over max_tokens keeps its tail."""
+        tokens = [int(t) for t in tokens[-self.max_tokens:]]
+        if not tokens:
+            return
+        with self._lock:
+            index = self._index
+            index.add(tokens)
+            self.inserted += 1
+            while len(index.bounds) > self.max_requests or index.count > self.max_tokens:
+                index.evict_oldest()
+
+    def matches(self, context: list[int]) -> list[Match]:
+        with self._lock:
+            return self._index.matches(context)
+
+    def continuations(self, context: list[int], length: int) -> list[tuple[int, list[int]]]:
+        """(match length, up to `length` following tokens) per occurrence of the
+        context's suffix, read in one lock so they agree with each other."""
+        with self._lock:
+            index = self._index
+            return [(m.length, index.continuation(m.position, length))
+                    for m in index.matches(context)]
+
+    def sequences(self) -> list[list[int]]:
+        with self._lock:
+            return self._index.sequences()
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            index = self._index
+            return StoreStats(len(index.bounds), index.count, index.entries, index.memory_bytes())
+
+    # -- the --suffix-cache file ---------------------------------------------
+    def save(self, path: str) -> None:
+        """Write the cached outputs atomically (a temporary file, then a rename)."""
+        sequences = self.sequences()
+        lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+        flat = np.array([t for s in sequences for t in s], dtype=np.int64)
+        meta = json.dumps({"version": CACHE_VERSION, "max_requests": self.max_requests,
+                           "max_tokens": self.max_tokens})
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, tokens=flat, lengths=lengths, meta=np.array(meta))
+        os.replace(tmp, path)
+
+    def load(self, path: str, vocab_size: int | None = None) -> int:
+        """Add the outputs saved in `path`, oldest first; returns how many. Raises
+        SuffixCacheError (one line) for a file that is not a suffix cache, or whose
+        tokens do not fit `vocab_size`; the store is then left unchanged."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+                flat, lengths = data["tokens"], data["lengths"]
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # a corrupt zip, a missing array, bad JSON: all one message
+            raise SuffixCacheError(f"{path} is not a readable suffix cache "
+                                   f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'})") from None
+        if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION:
+            raise SuffixCacheError(f"{path}: unknown suffix cache version "
+                                   f"{meta.get('version') if isinstance(meta, dict) else meta!r}")
+        if (flat.ndim != 1 or lengths.ndim != 1 or flat.dtype.kind != "i"
+                or lengths.dtype.kind != "i" or (lengths < 0).any()
+                or int(lengths.sum()) != flat.shape[0]):
+            raise SuffixCacheError(f"{path}: the cached sequences do not add up (a damaged file)")
+        if flat.size and (flat.min() < 0 or (vocab_size is not None and flat.max() >= vocab_size)):
+            raise SuffixCacheError(f"{path}: token ids outside [0, {vocab_size}): the cache was "
+                                   f"written for another model's vocabulary")
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        tokens = flat.tolist()
+        for begin, end in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            self.add(tokens[begin:end])
+        return int(lengths.shape[0])
