@@ -133,6 +133,11 @@ def test_llama31_rope_freqs(tmp_path):
         quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
         dense = NativeLlama.from_gguf(path, torch.bfloat16, quant=False)
         assert torch.equal(logits_every_way(quant), logits_every_way(dense))
+    # The transformers conversion (--weights dense) would drop the factors: refused.
+    from verispec.models.loading import convert_gguf
+
+    with pytest.raises(ValueError, match="rope_freqs"):
+        convert_gguf(path, quiet=True)
 
 
 def test_truncated_file(tmp_path):

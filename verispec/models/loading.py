@@ -105,7 +105,13 @@ def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
     target = _gguf_cache_dir(gguf)
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
-    metadata = GGUFFile(gguf).metadata  # a broken file gets its one-line GGUFError here
+    gf = GGUFFile(gguf)  # a broken file gets its one-line GGUFError here
+    metadata = gf.metadata
+    if "rope_freqs.weight" in gf.tensors:
+        # transformers' GGUF loader ignores this tensor, so its dense model would run
+        # another RoPE than the file's (Llama 3.1 keeps its scaling there).
+        raise ValueError(f"{gguf.name} carries Llama 3.1 RoPE factors (rope_freqs) that "
+                         "transformers' GGUF conversion drops; run it with --weights quant")
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
