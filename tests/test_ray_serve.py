@@ -1,193 +1,34 @@
 """verispec on Ray Serve, on a real local Ray cluster bound to loopback: two
 replicas of one CPU each behind the ingress, compared with the single-process
-server over the same small model; a replica killed under load; the CLI; and
-that shutdown leaves no Ray process behind."""
+server over the same small model, and a replica killed under load (the CLI and
+the app's parts without a cluster: test_ray_app.py)."""
 from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import openai
-import psutil
 import pytest
 import ray
 from ray import serve
 
-from conftest import tiny_llama
 from verispec import Engine
-from verispec.models import loading
 from verispec.serving.protocol import ServeDefaults
 from verispec.serving.ray_app import build_app
-from verispec.serving.ray_router import affinity_key
 from verispec.serving.scheduler import SchedulerConfig
 from verispec.serving.server import ServerConfig, ServerThread, create_app
 
-REPO = Path(__file__).resolve().parents[1]
-PREFIX = 48  # the app's prefix_chars here
-SETTINGS = {"dtype": "fp32", "backend": "hf", "replicas": 2, "proposer": "ngram", "k": "auto",
-            "max_num_seqs": 4, "max_queue": 16, "prefix_chars": PREFIX, "threads": 1,
-            "shutdown_timeout": 5}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-def wait_gone(pids: set[int], timeout: float) -> set[int]:
-    deadline = time.monotonic() + timeout
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if psutil.pid_exists(pid)
-                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
-        time.sleep(0.2)
-    return alive
-
-
-def post(port: int, path: str, body, timeout: float = 60) -> tuple[int, dict, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    conn.request("POST", path, data, {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    return response.status, dict(response.getheaders()), text
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", path)
-    response = conn.getresponse()
-    text = response.read().decode()
-    conn.close()
-    return response.status, text
+from ray_support import PREFIX, REPO, SETTINGS, descendants, free_port, get, post, small_model_dir, wait_gone
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    """A 2-layer random Llama with the default model's tokenizer and chat template."""
-    folder = tmp_path_factory.mktemp("ray-small")
-    tiny_llama(0, vocab=49152, layers=2, max_positions=512).save_pretrained(folder)
-    source = loading.resolve_model_dir(None)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (source / name).exists():
-            shutil.copy(source / name, folder / name)
-    return folder
-
-
-def test_affinity_key():
-    long = "x" * PREFIX
-    assert affinity_key(json.dumps({"prompt": long + "a"}).encode(), False, PREFIX) == long
-    assert affinity_key(json.dumps({"prompt": [long + "b", "c"]}).encode(), False, PREFIX) == long
-    assert affinity_key(json.dumps({"prompt": "short"}).encode(), False, PREFIX) is None
-    chat = {"messages": [{"role": "system", "content": long}, {"role": "user", "content": "q"}]}
-    key = affinity_key(json.dumps(chat).encode(), True, PREFIX)
-    chat["messages"][1]["content"] = "another question"
-    assert key is not None and key == affinity_key(json.dumps(chat).encode(), True, PREFIX)
-    assert affinity_key(b"{not json", False, PREFIX) is None
-    assert affinity_key(b"[1]", True, PREFIX) is None
-
-
-def test_metrics_states_merge_to_the_sum():
-    from verispec.serving.metrics import Gauges, ServingMetrics
-
-    a, b, both = ServingMetrics(), ServingMetrics(), ServingMetrics()
-    for m in (a, both):
-        m.admitted(5)
-        m.step(2, 0.01, [3, 0], 4, 3, 2)
-        m.request_done("finished", tau=1.5)
-    for m in (b, both):
-        m.admitted(7)
-        m.step(1, 0.2, [1], 2, 1, 1)
-        m.request_done("cancelled")
-    merged = ServingMetrics.merged([json.loads(json.dumps(a.state())), b.state()])
-    gauges = Gauges(1, 2, 3)
-    assert merged.render(gauges).replace("verispec_batch_size 3", "verispec_batch_size 1") == \
-        both.render(gauges)  # last_batch_size sums over replicas: 2 + 1, against 1 for one
-
-
-def test_build_app_options():
-    app = build_app({"replicas": "1:4", "replica_cpus": 2, "replica_gpus": 1, "max_num_seqs": 6})
-    replica = app._bound_deployment.init_args[0]._bound_deployment
-    scaling = replica._deployment_config.autoscaling_config
-    assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (1, 4, 6)
-    assert replica.ray_actor_options == {"num_cpus": 2.0, "num_gpus": 1.0}
-    assert replica.max_ongoing_requests == 12
-    with pytest.raises(ValueError, match="replicas"):
-        build_app({"replicas": "4:1"})
-    with pytest.raises(ValueError, match="proposer"):
-        build_app({"proposer": "magic"})
-    with pytest.raises(ValueError):
-        build_app({"max_num_seqs": 8, "bogus_setting": 1})
-
-
-def test_example_config_builds():
-    """examples/ray_serve.yaml is what `serve run` / `serve deploy` read: the schema
-    accepts it and its import path and args build the application."""
-    import yaml
-    from ray._common.utils import import_attr
-    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
-    from ray.serve.schema import ServeDeploySchema
-
-    config = ServeDeploySchema.model_validate(
-        yaml.safe_load((REPO / "examples" / "ray_serve.yaml").read_text()))
-    (entry,) = config.applications
-    app = call_user_app_builder_with_args_if_necessary(import_attr(entry.import_path), entry.args)
-    assert app._bound_deployment.name == "VerispecIngress"
-    assert {d.name for d in entry.deployments} == {"VerispecReplica", "VerispecIngress"}
-
-
-@pytest.mark.slow
-def test_cli_serves_and_shutdown_leaves_no_ray_process(model_dir, tmp_path):
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "verispec.cli", "serve", "--ray", "--replicas", "1",
-         "--model", str(model_dir), "--dtype", "fp32", "--backend", "hf", "--port", str(port),
-         "--proposer", "ngram", "--log-level", "warning"],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    started: set[int] = set()
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the Ray app did not come up in 180 s"
-            try:
-                if get(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(1)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
-        got = client.completions.create(model=str(model_dir), prompt="one two one two",
-                                        max_tokens=5, temperature=0)
-        assert got.usage.completion_tokens == 5
-        started = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
-        assert len(started) >= 4  # gcs, raylet, the Serve controller, proxy, replicas...
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(90) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
-    left = wait_gone(started, 30)
-    assert not left, [psutil.Process(p).cmdline()[:3] for p in left if psutil.pid_exists(p)]
+    return small_model_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .llama import DEFAULT_CACHE_LIMIT, NativeLlama, _rotate
+from .llama import DEFAULT_CACHE_LIMIT, NativeLlama
+from .llama_config import rotate
 from .llama_attention import AttentionMask
 from .llama_config import LlamaSpec, _rope_spec, rope_tables
 from .llama_weights import (Embedding, LayerWeights, Linear, ModelWeights, _digest_part,
@@ -213,7 +214,7 @@ class NativeGemma(NativeLlama):
             qk = self._norm(qk, w.qk_norm)
         if sliding and self._local is not None:
             cos, sin = self._local
-        qk = _rotate(qk, cos, sin)
+        qk = rotate(qk, cos, sin)
         new_kv = torch.cat((qk[:n, heads:], qkv[:n, heads + kv_heads:]), dim=1)
         layer_kv = cache.kv[index]  # [2, kv_heads, capacity, head_dim]
         layer_kv[:, :, start:start + n] = new_kv.view(n, 2, kv_heads, head_dim).permute(1, 2, 0, 3)

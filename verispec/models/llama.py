@@ -35,9 +35,10 @@ import torch.nn.functional as F
 from .. import kernels
 from ..kv_cache import StaticKVCache, WindowKVCache
 from .base import BatchItem, ForwardOutput, TargetModel
-from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, RowPlan, attend,
+from .llama_batch import BatchedRows
+from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, attend,
                               invariant_attend, rowwise_attend)
-from .llama_config import LlamaSpec, parse_config, rope_tables
+from .llama_config import LlamaSpec, parse_config, rope_tables, rotate
 from .llama_window import forward_pieces, slots, window_mask
 from .llama_config import supports as _supports
 from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
@@ -50,7 +51,7 @@ INVARIANT_SLICE = 128  # rows per piece of a long batch-invariant forward
 DEFAULT_WINDOW_BLOCK = 256
 
 
-class NativeLlama(TargetModel):
+class NativeLlama(BatchedRows, TargetModel):
     def __init__(self, spec: LlamaSpec, weights: ModelWeights, dtype: torch.dtype,
                  device: torch.device, eos_token_ids: frozenset[int], name: str,
                  num_layers: int | None = None, batch_invariant: bool = False,
@@ -214,107 +215,6 @@ class NativeLlama(TargetModel):
             cache.truncate(start)
             raise
 
-    @torch.inference_mode()
-    def forward_batch(self, items: Sequence[BatchItem]) -> list[ForwardOutput]:
-        """All requests' rows go through each matmul together; each row attends to
-        its own request's cache. Row-invariant kernels make item i's output bit-equal
-        to forward(item i) alone (in float32 only with batch_invariant, where the
-        matmuls run on fixed row tiles)."""
-        if not self.row_kernels:
-            return super().forward_batch(items)
-        if not items:
-            return []
-        items = [BatchItem(it.tokens.to(self.device), it.cache, it.positions, it.mask,
-                           it.num_logits, tuple(it.hidden_layers)) for it in items]
-        if len({id(it.cache) for it in items}) < len(items):
-            raise ValueError("each item of a batch needs its own cache")
-        for it in items:
-            self._check(it.tokens, it.cache, it.positions, it.mask, it.num_logits, it.hidden_layers)
-        if any(isinstance(it.cache, WindowKVCache) and it.tokens.shape[0] > it.cache.block
-               for it in items):
-            return super().forward_batch(items)  # the long prefill goes in pieces
-        starts: list[int] = []
-        try:
-            for it in items:
-                starts.append(it.cache.reserve(it.tokens.shape[0]))
-            slotted = [slots(self._arange, it.cache, start, it.tokens.shape[0], it.positions, it.mask)
-                       for it, start in zip(items, starts)]
-            return self._run_rows(
-                [BatchItem(it.tokens, it.cache, pos, mask, it.num_logits, it.hidden_layers)
-                 for it, (_, pos, mask) in zip(items, slotted)], [slot for slot, _, _ in slotted])
-        except BaseException:
-            for it, start in zip(items, starts):
-                it.cache.truncate(start)
-            raise
-
-    def _run_rows(self, items: list[BatchItem], starts: list[int]) -> list[ForwardOutput]:
-        sizes = [it.tokens.shape[0] for it in items]
-        offsets = [sum(sizes[:i]) for i in range(len(items))]
-        tokens = torch.cat([it.tokens for it in items]) if len(items) > 1 else items[0].tokens
-        positions = torch.cat([
-            it.positions.to(self.device) if it.positions is not None else self._arange[s:s + n]
-            for it, s, n in zip(items, starts, sizes)])
-        cos, sin = self._cos[positions], self._sin[positions]  # [rows, head_dim]
-        plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
-        plans = [plan] * self.num_layers
-        if self._sliding:
-            local = RowPlan.build([(s, n, window_mask(self._arange, self.spec.sliding_window, s, n,
-                                                      it.positions, it.mask,
-                                                      getattr(it.cache, "offset", 0)))
-                                   for it, s, n in zip(items, starts, sizes)])
-            plans = [local if slides else plan for slides in self._sliding]
-        wanted = set().union(*(it.hidden_layers for it in items))
-        last = self.num_layers
-        x, captured = self._through_layers(
-            tokens, wanted,
-            lambda index, layer, x: self._row_layer(layer, index, x, items, starts, offsets, cos, sin,
-                                                    plans[index]))
-        counts = [n if it.num_logits is None else it.num_logits for it, n in zip(items, sizes)]
-        head_rows = torch.cat([torch.arange(o + n - c, o + n) for o, n, c in zip(offsets, sizes, counts)])
-        if last in wanted:
-            captured[last] = self._norm(x, self.weights.norm)
-            head_in = captured[last][head_rows]
-        else:
-            head_in = self._norm(x[head_rows], self.weights.norm)
-        logits = (self._head(head_in) if head_in.shape[0] else
-                  torch.empty(0, self.vocab_size, dtype=torch.float32, device=self.device))
-        outputs, done = [], 0
-        for it, o, n, c in zip(items, offsets, sizes, counts):
-            hidden = tuple(captured[layer][o:o + n] for layer in it.hidden_layers)
-            outputs.append(ForwardOutput(logits=logits[done:done + c], hidden=hidden))
-            done += c
-        return outputs
-
-    def _row_layer(self, w: LayerWeights, index: int, x: torch.Tensor, items: list[BatchItem],
-                   starts: list[int], offsets: list[int], cos: torch.Tensor, sin: torch.Tensor,
-                   plan: RowPlan) -> torch.Tensor:
-        if self._fused and self._fused_args[index] is not None:
-            return kernels.decoder_layer(
-                x, self._fused_args[index],
-                [self._heads, self._kv_heads, self._head_dim, self.spec.intermediate_size],
-                self.spec.rms_eps, cos, sin, [it.cache.kv[index] for it in items],
-                plan.row_cache, plan.row_slot, plan.row_len, plan.row_index)
-        rows = x.shape[0]
-        heads, kv_heads, head_dim = self._heads, self._kv_heads, self._head_dim
-        qkv = self._linear(w.qkv, self._norm(x, w.attn_norm)).view(rows, heads + 2 * kv_heads, head_dim)
-        qk = qkv[:, : heads + kv_heads]
-        if w.qk_norm is not None:
-            qk = self._norm(qk, w.qk_norm)
-        qk = _rotate(qk, cos[:, None], sin[:, None])  # tables broadcast over heads
-        new_kv = torch.cat((qk[:, heads:], qkv[:, heads + kv_heads:]), dim=1)  # [rows, 2 kv, hd]
-        new_kv = new_kv.view(rows, 2, kv_heads, head_dim).permute(1, 2, 0, 3)  # [2, kv, rows, hd]
-        layer_kv = []
-        for it, start, offset in zip(items, starts, offsets):
-            n = it.tokens.shape[0]
-            kv = it.cache.kv[index]  # [2, kv_heads, slots, head_dim]
-            kv[:, :, start:start + n] = new_kv[:, :, offset:offset + n]
-            layer_kv.append(kv)
-        out = plan.attend(qk[:, :heads], layer_kv)  # [rows, heads * head_dim]
-        x = x + self._linear(w.o, out)
-        gate_up = self._linear(w.gate_up, self._norm(x, w.mlp_norm))
-        inter = gate_up.shape[-1] // 2
-        return x + self._linear(w.down, F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
-
     def _run_sliced(self, tokens: torch.Tensor, cache: StaticKVCache, start: int,
                     num_logits: int, hidden_layers: tuple[int, ...]) -> ForwardOutput:
         """A long causal forward as consecutive slices. Batch-invariant attention
@@ -425,7 +325,7 @@ class NativeLlama(TargetModel):
         qk = qkv[:, : heads + kv_heads]  # [rows, heads + kv_heads, head_dim]
         if w.qk_norm is not None:
             qk = self._norm(qk, w.qk_norm)
-        qk = _rotate(qk, cos, sin)
+        qk = rotate(qk, cos, sin)
         # Keys and values of one layer are adjacent in the cache: one copy stores both.
         new_kv = torch.cat((qk[:n, heads:], qkv[:n, heads + kv_heads:]), dim=1)  # [n, 2 kv, hd]
         layer_kv = cache.kv[index]  # [2, kv_heads, capacity, head_dim]
@@ -466,14 +366,6 @@ def _fused_weights(w: LayerWeights) -> list[torch.Tensor]:
     bias = w.qkv.bias if w.qkv.bias is not None else none
     return [w.attn_norm.contiguous(), w.qkv.weight, bias, qk_norm, w.o.weight,
             w.mlp_norm.contiguous(), w.gate_up.weight, w.down.weight]
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE on [rows, heads, head_dim]: x * cos + swap_halves(x) * sin_signed, with
-    the two products rounded separately as in HF's apply_rotary_pos_emb."""
-    rows, heads, head_dim = x.shape
-    swapped = x.view(rows, heads, 2, head_dim // 2).flip(2).view(rows, heads, head_dim)
-    return x * cos + swapped * sin_signed
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:

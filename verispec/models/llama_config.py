@@ -185,3 +185,11 @@ def rope_tables(rope: RopeSpec, head_dim: int, length: int,
     half = head_dim // 2
     signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
     return cos.to(dtype), signed.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE on [rows, heads, head_dim]: x * cos + swap_halves(x) * sin_signed, with
+    the two products rounded separately as in HF's apply_rotary_pos_emb."""
+    rows, heads, head_dim = x.shape
+    swapped = x.view(rows, heads, 2, head_dim // 2).flip(2).view(rows, heads, head_dim)
+    return x * cos + swapped * sin_signed
