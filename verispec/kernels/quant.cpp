@@ -26,7 +26,7 @@ namespace {
 constexpr int64_t kMagic = 0x314b435051535656;  // "VVSQPCK1"
 
 struct Header {
-  int64_t magic, out, in, groups, k_tiles, data_offset, reserved[2];
+  int64_t magic, out, in, groups, k_tiles, data_offset, fused_rows, reserved;
 };
 
 struct View {
@@ -84,6 +84,8 @@ void quant_shape(const at::Tensor& packed, int64_t* out, int64_t* in) {
   *in = v.head->in;
 }
 
+int64_t quant_fused_limit(const at::Tensor& packed) { return view(packed).head->fused_rows; }
+
 QuantGroup quant_group(const at::Tensor& packed, int64_t g) {
   const View v = view(packed);
   return QuantGroup{v.type[g], v.data + v.offset[g]};
@@ -138,7 +140,9 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
   at::Tensor packed = at::empty({data_offset + bytes}, at::TensorOptions().dtype(at::kByte));
   uint8_t* base = packed.data_ptr<uint8_t>();
   std::memset(base, 0, data_offset);
-  vs::Header head{vs::kMagic, out, in, groups, in / kTileK, data_offset, {0, 0}};
+  int64_t fused_rows = vs::kFusedRows;
+  for (const vs::quant::Format* f : fmt) fused_rows = std::min(fused_rows, vs::fused_rows_for_block(f->block));
+  vs::Header head{vs::kMagic, out, in, groups, in / kTileK, data_offset, fused_rows, 0};
   std::memcpy(base, &head, sizeof(head));
   auto* table = reinterpret_cast<int64_t*>(base + sizeof(vs::Header));
   for (int64_t g = 0; g < groups; ++g) {

@@ -73,12 +73,8 @@ void fused_tiles(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t l
 
 
 // R rows x 4 tiles of accumulators fit the 32 registers up to R = 4; 5..8 rows
-// sweep the group's tiles two at a time (each weight is still dequantized once).
-// Only the 256-weight K blocks gain from the two sweeps: a 32-weight block's two
-// tiles are too short a run of bytes (docs/quant_kernels.md).
-template <class B>
-constexpr int kMaxRows = B::kBlock == 256 ? 8 : 4;
-
+// (K blocks only: fused_rows_for_block) sweep the group's tiles two at a time,
+// and each weight is still dequantized once.
 template <class B, int R>
 void fused_group(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t ldx, float* acc) {
   constexpr int T = R <= 4 ? 4 : 2;
@@ -92,16 +88,6 @@ void fused_rows(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t ld
 }
 
 }  // namespace
-
-int64_t quant_fused_limit(const at::Tensor& packed) {
-  int64_t out, in;
-  quant_shape(packed, &out, &in);
-  int64_t limit = kFusedRows;
-  for (int64_t g = 0; g < (out + kGroupOut - 1) / kGroupOut; ++g) {
-    quant::with_block(quant_group(packed, g).type, [&]<class B>() { limit = std::min<int64_t>(limit, kMaxRows<B>); });
-  }
-  return limit;
-}
 
 void matmul_quant_fused(const MatmulArgs& a, const at::Tensor& packed) {
   TORCH_CHECK(a.n >= 1 && a.n <= quant_fused_limit(packed), "matmul_quant_fused: too many rows for this pack");
