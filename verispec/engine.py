@@ -32,7 +32,7 @@ from .policy import AdaptiveK, StepObservation
 from .models.base import BatchItem, ForwardOutput, TargetModel
 from .acceptance import Evidence
 from .processors import LogitProcessor, TokenLogprob, chain_ancestry, token_logprobs
-from .proposers.base import DraftContext, HeldRows, Proposal, Proposer
+from .proposers.base import DraftContext, HeldRows, Proposal, Proposer, VerifiedRows
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
 from .sampling import logits_to_probs
 from .stopping import Stopper
@@ -70,6 +70,7 @@ class StepOutcome:
     bonus: bool = False  # tokens[-1] is the bonus token (every draft on its path accepted)
     rejected: list[int] = field(default_factory=list)  # drafts discarded, the rejected one first
     logprobs: list[TokenLogprob] | None = None  # per emitted token, from its processed target row
+    rows: VerifiedRows | None = None  # for a proposer that reads every fed row (reads_rows)
 
 
 @dataclass
@@ -235,6 +236,9 @@ class SpecRequest:
         self.tokens.extend(committed)
         if self.constraint is not None:
             self.constraint.commit(committed)
+        if outcome.rows is not None:
+            outcome.rows.committed = committed
+            self.proposer.verified(outcome.rows)
         if self.finish_reason:
             self.proposer.finished(DraftContext(self.tokens, self.num_prompt))
         # Cut with the tokens: nothing past EOS, a stop string or max_new_tokens (vLLM #47616).
@@ -286,7 +290,8 @@ class SpecRequest:
             return StepOutcome(result.tokens, result.num_accepted, len(tree), result.hidden,
                                leaf=result.bonus, bonus=result.bonus,
                                rejected=[tree.token_list[i] for i in below],
-                               logprobs=self._logprobs(logits[rows], result.tokens))
+                               logprobs=self._logprobs(logits[rows], result.tokens),
+                               rows=self._rows(tree.token_list, tree.parent_list, logits))
         drafts = pending.drafts
         logits = self.processor.process(out.logits, self.tokens, self.num_prompt, drafts,
                                         chain_ancestry(drafts.shape[0]))  # [k + 1, vocab]
@@ -297,9 +302,18 @@ class SpecRequest:
         # Roll back the rejected drafts: keep the fed token and the accepted ones.
         self.cache.truncate(len(self.tokens) + verdict.num_accepted)
         hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
+        chain = drafts.tolist()
         return StepOutcome(verdict.tokens, verdict.num_accepted, len(drafts), hidden,
-                           bonus=verdict.bonus, rejected=drafts[verdict.num_accepted:].tolist(),
-                           logprobs=self._logprobs(logits[: len(verdict.tokens)], verdict.tokens))
+                           bonus=verdict.bonus, rejected=chain[verdict.num_accepted:],
+                           logprobs=self._logprobs(logits[: len(verdict.tokens)], verdict.tokens),
+                           rows=self._rows(chain, list(range(-1, len(chain) - 1)), logits))
+
+    def _rows(self, tokens: list[int], parents: list[int],
+              logits: torch.Tensor) -> VerifiedRows | None:
+        """logits: [N + 1, vocab] processed, row 0 the fed committed token."""
+        if not self.proposer.reads_rows:
+            return None
+        return VerifiedRows(tokens, parents, logits.argmax(dim=-1).tolist(), [])
 
     def _logprobs(self, rows: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
         """rows: [len(tokens), vocab] processed logits, row i the one token i was drawn from."""

@@ -47,6 +47,21 @@ class DraftContext:
         return configured if self.tree_nodes is None else min(self.tree_nodes, configured)
 
 
+@dataclass
+class VerifiedRows:
+    """What the target said at every row of a verify forward, for a proposer
+    that drafts from the rows it fed (lookahead's Jacobi window, Fu et al. 2024).
+
+    Row 0 is the last committed token; row i + 1 is draft node i (a chain is
+    the tree whose node i hangs below node i - 1).
+    """
+    tokens: list[int]  # [N]: the fed drafts, node order
+    parents: list[int]  # [N]: node i's parent, ROOT (-1) for a child of the fed token
+    next_tokens: list[int]  # [N + 1]: the target's most likely token after each row,
+    # from the request's processed logits
+    committed: list[int]  # what the step committed (accepted drafts, then one more)
+
+
 class HeldRows:
     """Target hidden rows a proposer was not called for, kept until it is.
 
@@ -111,6 +126,12 @@ class Proposer(ABC):
         per evidence key and picks k from the one at hand (verispec.policy,
         "Evidence"). None: no such evidence."""
         return None
+
+    reads_rows: bool = False  # True: the engine calls verified() after every verify forward
+
+    def verified(self, rows: VerifiedRows) -> None:
+        """The target's answer at every row this proposer's last draft fed (only
+        when `reads_rows`)."""
 
     def finished(self, ctx: DraftContext) -> None:
         """The request ended (EOS, a stop string or its length) with ctx.tokens
