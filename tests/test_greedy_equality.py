@@ -307,14 +307,20 @@ def test_prompt_that_nearly_fills_the_context():
                                   SpecConfig("draft", k=8, draft="random", adaptive=True)])
 def test_adaptive_k_stays_lossless(engine, target, spec):
     """Adaptive k changes only how much is drafted, never the output; with a
-    useless draft it backs off toward k = 0."""
+    useless draft it backs off toward k = 0. The useless draft here is as deep as
+    the target: a 1-layer one costs so little beside a tiny target, whose rows are
+    nearly free, that drafting 2 tokens at a 4% acceptance estimate can still price
+    as a gain, so whether it backs off would hang on the machine's timing noise."""
+    if spec.draft == "random":
+        engine._drafts.setdefault("random-deep", tiny_target(99, layers=4))
+        spec = SpecConfig("draft", k=8, draft="random-deep", adaptive=True)
     for prompt in PROMPTS[:2]:
         want = plain(engine, prompt, 48)
         got = engine.generate(prompt, SamplingParams(max_new_tokens=48), spec)
         assert got.token_ids == want.token_ids
         ks = [step.k for step in got.stats.steps]
         assert max(ks) <= 8
-        if spec.draft == "random":
+        if spec.draft == "random-deep":
             assert ks[-10:].count(0) >= 5
 
 

@@ -40,6 +40,8 @@ class HFModel(TargetModel):
         # sdpa reads a bool mask as True = attend; eager attention (Gemma 2's softcapping,
         # for one) adds the mask to the scores, so it needs 0 / -inf.
         self._additive_masks = getattr(cfg, "_attn_implementation", "sdpa") != "sdpa"
+        if self.dtype in (torch.bfloat16, torch.float16):
+            _fp32_head(model.get_output_embeddings())
 
     def new_cache(self, capacity: int | None = None) -> HFCache:
         return HFCache(self.config, self.window_slack)
@@ -136,6 +138,28 @@ def _copy_along(model: torch.nn.Module, path: list[str], num_layers: int, cfg) -
         if hasattr(node, "config"):
             node.config = cfg
     return top
+
+
+def _fp32_head(head: torch.nn.Module) -> None:
+    """Compute a half-precision model's LM head in fp32, from the same half-precision
+    hidden state. bf16 logits of magnitude 16-32 are 0.125 apart, coarser than the
+    law's 0.1 near-tie bound, so two candidates a hair apart would round to a gap
+    the law cannot excuse; fp32 logits keep the gap the hidden state really implies.
+    Plain and speculative decoding share this head, so both see the same model. Any
+    later logit step (Gemma 2's soft-capping) then runs in fp32 as well."""
+    if getattr(head, "_verispec_fp32", False):  # a layer-skip draft shares the head
+        return
+    weights: dict[str, torch.Tensor | None] = {}
+
+    def fp32_output(module, inputs, output):
+        if "weight" not in weights:
+            weights["weight"] = module.weight.detach().float()
+            bias = getattr(module, "bias", None)
+            weights["bias"] = None if bias is None else bias.detach().float()
+        return torch.nn.functional.linear(inputs[0].float(), weights["weight"], weights["bias"])
+
+    head.register_forward_hook(fp32_output)
+    head._verispec_fp32 = True
 
 
 def _additive(mask, dtype: torch.dtype):
