@@ -212,3 +212,19 @@ def test_cli_prints_one_line_for_a_broken_file(tmp_path, damage):
         errors = [line for line in run.stderr.splitlines() if "error:" in line]
         assert "Traceback" not in run.stderr and len(errors) == 1
         assert "tiny.gguf" in errors[0]
+
+
+def test_a_vocabulary_the_tokenizer_cannot_be_built_from(tmp_path):
+    """A llama-model vocabulary without its scores (or a gpt2 one without merges):
+    transformers' conversion fails deep inside, verispec says so in one line."""
+    def vocab_without_scores(writer):
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list([f"t{i}" for i in range(TinyShape().vocab)])
+
+    path = write_tiny_gguf(tmp_path / "noscores.gguf", tokenizer=vocab_without_scores)
+    run = subprocess.run([sys.executable, "-m", "verispec.cli", "generate", "--prompt", "hi",
+                          "--model", str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert "Traceback" not in run.stderr and len(errors) == 1, run.stderr
+    assert "noscores.gguf" in errors[0] and "tokenizer" in errors[0]

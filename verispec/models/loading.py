@@ -200,7 +200,7 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None
     cached as tokenizer.json (a few MB); None for a file without a vocabulary."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from .gguf_file import GGUFFile
+    from .gguf_file import GGUFError, GGUFFile
 
     folder = cache_root() / "tokenizers" / _gguf_cache_dir(gguf).name
     if not (folder / "tokenizer.json").exists():
@@ -210,7 +210,13 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None
         if not quiet:
             print(f"verispec: reading {gguf.name}'s tokenizer once, cached in {folder}",
                   file=sys.stderr)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        except (KeyError, ValueError, TypeError, IndexError) as err:
+            # transformers' GGUF conversion indexes the vocabulary fields directly, so a
+            # file missing one (tokenizer.ggml.scores, merges) fails deep inside it.
+            raise GGUFError(f"{gguf.name}: its tokenizer cannot be built from the file's "
+                            f"metadata ({type(err).__name__}: {err})") from None
         ask_bos_as_llama_cpp(tokenizer, metadata)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
