@@ -119,9 +119,9 @@ class SpecConfig:
     suffix_factor: float = 1.0  # suffix: draft depth at most suffix_factor * match length
     suffix_offset: float = 0.0  # ... plus this (max_spec_factor, max_spec_offset of SuffixDecoding)
     suffix_min_prob: float = 0.1  # suffix: extend a path while its frequency-based probability >= this
-    lookahead_window: int = 4  # lookahead: W, Jacobi columns (Fu et al. 2024; docs/lookahead.md)
-    lookahead_ngram: int = 3  # ... N, n-gram length (the window keeps N - 1 levels)
-    lookahead_guesses: int = 4  # ... G, pool n-grams verified per step
+    lookahead_window: int = 1  # lookahead: W, Jacobi columns (Fu et al. 2024; docs/lookahead.md)
+    lookahead_ngram: int = 2  # ... N, n-gram length (the window keeps N - 1 levels)
+    lookahead_guesses: int = 2  # ... G, pool n-grams verified per step
 
     def __post_init__(self) -> None:
         if self.k < 0:

@@ -41,9 +41,10 @@ from .base import DraftContext, Proposal, Proposer, ProposerSetup, VerifiedRows,
 
 @dataclass(frozen=True)
 class LookaheadSettings:
-    window: int = 4  # W: Jacobi columns
-    ngram: int = 3  # N: n-gram length; the window keeps N - 1 levels
-    guesses: int = 4  # G: pool n-grams verified per step (and kept per first token)
+    # Defaults: SpecConfig's, sized to this machine's T(n) (docs/lookahead.md).
+    window: int = 1  # W: Jacobi columns
+    ngram: int = 2  # N: n-gram length; the window keeps N - 1 levels
+    guesses: int = 2  # G: pool n-grams verified per step (and kept per first token)
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.ngram < 2 or self.guesses < 0:
