@@ -263,5 +263,5 @@ def lookahead_settings(spec) -> LookaheadSettings:
 
 @register("lookahead")
 def _build(setup: ProposerSetup) -> Proposer:
-    return LookaheadProposer(setup.target.eos_token_ids, lookahead_settings(setup.spec),
-                             tree_nodes=setup.spec.tree)
+    stop = frozenset() if setup.sampling.ignore_eos else setup.target.eos_token_ids
+    return LookaheadProposer(stop, lookahead_settings(setup.spec), tree_nodes=setup.spec.tree)
