@@ -204,3 +204,47 @@ def test_sampled_output_follows_the_target():
         accepted += got.stats.accepted
     assert drafted >= 2 * runs and 0.1 * runs < accepted < drafted
     assert _worst_pvalue(counts, _exact_marginals(target, prompt, temperature), runs) > 1e-3
+
+
+@pytest.mark.slow
+def test_concurrent_server_requests_batch_lookahead_trees(tiny):
+    """Four clients at once through the continuous-batching scheduler, fixed and
+    adaptive k (the batch allocator choosing each request's k): every answer equals
+    plain decoding and lookahead drafted."""
+    import http.client
+    import json
+    import threading
+
+    from test_server import ChatCharTokenizer
+    from verispec.serving.protocol import ServeDefaults
+    from verispec.serving.scheduler import SchedulerConfig
+    from verispec.serving.server import ServerConfig, ServerThread, create_app
+
+    engine = Engine(tiny, tokenizer=ChatCharTokenizer())
+    prompts = ["abcabcab", "hello hello", "0123401234", "+-+-+-+"]
+    want = {p: engine.generate(p, SamplingParams(max_new_tokens=16), PLAIN).text for p in prompts}
+
+    def ask(server, prompt, speculation, out):
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=120)
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+                           "speculation": speculation})
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Content-Type": "application/json"})
+        out[prompt] = json.loads(conn.getresponse().read())
+        conn.close()
+
+    config = ServerConfig(("tiny",), ServeDefaults(proposer="lookahead", k=4, adaptive=False),
+                          SchedulerConfig(max_num_seqs=4, max_queue=16))
+    with ServerThread(create_app(engine, config)) as server:
+        for speculation in ({"proposer": "lookahead", "k": 4, "tree": 6},
+                            {"proposer": "lookahead", "k": "auto"}):
+            out: dict = {}
+            threads = [threading.Thread(target=ask, args=(server, p, speculation, out))
+                       for p in prompts]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all("choices" in a for a in out.values()), out
+            assert {p: a["choices"][0]["text"] for p, a in out.items()} == want, speculation
+            assert sum(a["speculation"]["drafted"] for a in out.values()) > 0
