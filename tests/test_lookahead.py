@@ -206,7 +206,6 @@ def test_sampled_output_follows_the_target():
     assert _worst_pvalue(counts, _exact_marginals(target, prompt, temperature), runs) > 1e-3
 
 
-@pytest.mark.slow
 def test_concurrent_server_requests_batch_lookahead_trees(tiny):
     """Four clients at once through the continuous-batching scheduler, fixed and
     adaptive k (the batch allocator choosing each request's k): every answer equals
