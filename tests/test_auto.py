@@ -187,7 +187,8 @@ def test_auto_keeps_greedy_output_identical(tmp_path_factory, tiny, tiny_native,
         comparison = compare_greedy(target, prompt, want.token_ids, got.token_ids)
         assert comparison.identical, comparison.describe()
         names |= {step.proposer for step in got.stats.steps}
-    assert names <= {"ngram", "suffix", "eagle", "none"} and names & {"ngram", "suffix", "eagle"}
+    assert names <= {"ngram", "suffix", "lookahead", "eagle", "none"} and \
+        names & {"ngram", "suffix", "lookahead", "eagle"}
 
 
 def test_a_named_draft_model_joins_the_candidates_and_output_stays_greedy():

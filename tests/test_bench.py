@@ -100,7 +100,7 @@ def test_adaptive_and_auto_runs_record_and_plot_their_choices(engine, tmp_path):
         assert len(record.step_k) == record.target_forwards == len(record.step_proposer)
         assert max(record.step_k) <= 4
     auto = next(r for r in out.records if r.config == "auto")
-    assert set(auto.step_proposer) <= {"ngram", "suffix", "none", "eagle", "medusa"}
+    assert set(auto.step_proposer) <= {"ngram", "suffix", "lookahead", "none", "eagle", "medusa"}
     # Adaptive n-gram lookup records the evidence (matched suffix length) behind each k.
     keyed = next(r for r in out.records if r.config == "ngram+auto")
     assert len(keyed.step_evidence) == len(keyed.step_k)

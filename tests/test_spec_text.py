@@ -117,7 +117,7 @@ def test_cli_refuses_a_bad_draft_source_with_one_line(capsys):
 
 
 def test_auto_with_tree_auto_drafts_trees_and_logs_skipped_candidates(caplog):
-    """On a target with no trained head, auto keeps n-gram lookup and suffix (drafting trees,
+    """On a target with no trained head, auto keeps n-gram lookup, suffix and lookahead (drafting trees,
     as asked) and says in the log why each head candidate is absent."""
     from verispec.proposers import auto
 
@@ -133,6 +133,6 @@ def test_auto_with_tree_auto_drafts_trees_and_logs_skipped_candidates(caplog):
     want = engine.generate(prompt, SamplingParams(max_new_tokens=16), SpecConfig("none", k=0))
     assert got.token_ids == want.token_ids
     request = engine.new_request(prompt, SamplingParams(max_new_tokens=16), spec)
-    assert list(request.proposer.tracks) == ["ngram", "suffix"]  # the model-free candidates
-    for name in ("ngram", "suffix"):
+    assert list(request.proposer.tracks) == ["ngram", "suffix", "lookahead"]  # model-free ones
+    for name in ("ngram", "suffix", "lookahead"):
         assert request.proposer.tracks[name].proposer.tree_nodes == 32  # a tree, as asked

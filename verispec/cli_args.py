@@ -74,6 +74,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="who guesses the next tokens: ngram (prompt lookup, free), "
                         "suffix (what followed the context's suffix in earlier outputs of this "
                         "engine and in this request, counted; see --suffix-cache), "
+                        "lookahead (Jacobi iterations on guesses in the verify forward feed an "
+                        "n-gram pool; see --lookahead-window), "
                         "draft (a small model or self:L), self:L (short for --proposer draft "
                         "--draft self:L), eagle / medusa (trained heads on the "
                         "target's hidden states), auto (each step the candidate that pays best, "
@@ -126,6 +128,15 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="suffix: extend a draft path while the share of past occurrences that "
                         "follow it stays at least this (default 0.1)")
     add_suffix_cache_arg(p)
+    p.add_argument("--lookahead-window", type=int, default=SpecConfig.lookahead_window,
+                   metavar="W", help="lookahead: Jacobi columns of the window (default %(default)s)")
+    p.add_argument("--lookahead-ngram", type=int, default=SpecConfig.lookahead_ngram,
+                   metavar="N", help="lookahead: n-gram length; the window keeps N - 1 levels "
+                                     "(default %(default)s)")
+    p.add_argument("--lookahead-guesses", type=int, default=SpecConfig.lookahead_guesses,
+                   metavar="G", help="lookahead: pool n-grams verified per step (default "
+                                     "%(default)s); a step feeds (W + G) * (N - 1) tree nodes, "
+                                     "capped by --tree")
     p.add_argument("--lossy-typical", action="store_true",
                    help="sampling only: Medusa's typical acceptance instead of rejection sampling; "
                         "LOSSY (output no longer follows the model), marked so in the stats")
@@ -181,7 +192,9 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
                       ngram_min=args.ngram_min, ngram_max=args.ngram_max, head=args.head,
                       head_vocab=head_vocab, lossy_typical=args.lossy_typical,
                       suffix_factor=args.suffix_factor, suffix_offset=args.suffix_offset,
-                      suffix_min_prob=args.suffix_min_prob)
+                      suffix_min_prob=args.suffix_min_prob,
+                      lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,
+                      lookahead_guesses=args.lookahead_guesses)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

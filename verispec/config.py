@@ -119,6 +119,9 @@ class SpecConfig:
     suffix_factor: float = 1.0  # suffix: draft depth at most suffix_factor * match length
     suffix_offset: float = 0.0  # ... plus this (max_spec_factor, max_spec_offset of SuffixDecoding)
     suffix_min_prob: float = 0.1  # suffix: extend a path while its frequency-based probability >= this
+    lookahead_window: int = 1  # lookahead: W, Jacobi columns (Fu et al. 2024; docs/lookahead.md)
+    lookahead_ngram: int = 2  # ... N, n-gram length (the window keeps N - 1 levels)
+    lookahead_guesses: int = 2  # ... G, pool n-grams verified per step
 
     def __post_init__(self) -> None:
         if self.k < 0:
@@ -142,6 +145,15 @@ class SpecConfig:
         if self.suffix_factor < 0 or not 0 <= self.suffix_min_prob <= 1:
             raise ValueError(f"suffix_factor must be >= 0 and suffix_min_prob in [0, 1], got "
                              f"{self.suffix_factor}, {self.suffix_min_prob}")
+        if self.lookahead_window < 1 or self.lookahead_ngram < 2 or self.lookahead_guesses < 0:
+            raise ValueError(f"lookahead needs lookahead_window >= 1, lookahead_ngram >= 2 and "
+                             f"lookahead_guesses >= 0, got {self.lookahead_window}, "
+                             f"{self.lookahead_ngram}, {self.lookahead_guesses}")
+        if self.proposer == "lookahead" and not self.tree:
+            # Lookahead always drafts a tree (window and guesses in one forward): tree 0
+            # means its whole step, so the request's cache makes room for it.
+            object.__setattr__(self, "tree", (self.lookahead_window + self.lookahead_guesses)
+                               * (self.lookahead_ngram - 1))
         if self.lossy_typical and self.tree:
             raise ValueError("lossy_typical verifies chains; it cannot be combined with a tree")
         if self.proposer == "draft" and not self.draft:

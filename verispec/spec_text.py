@@ -7,7 +7,7 @@ edges only gather the typed values into a mapping keyed by `FIELDS`, so a
 spelling accepted in one place is accepted in all of them.
 
 Typed forms (strings as typed, or already-typed numbers):
-  proposer   a registered name (ngram, suffix, draft, eagle, medusa, auto, none) or a
+  proposer   a registered name (ngram, suffix, lookahead, draft, eagle, medusa, auto, none) or a
              draft source (`self:L`), which means proposer draft with that draft
   k          a whole number (fixed), or `auto`: chosen per step, capped by k_max
   tree       a whole number (node budget), `auto` (budget chosen per step up to
@@ -76,6 +76,8 @@ FIELDS: dict[str, Any] = {
     "ngram_max": SpecConfig.ngram_max, "head": None, "head_vocab": SpecConfig.head_vocab,
     "lossy_typical": False, "suffix_factor": SpecConfig.suffix_factor,
     "suffix_offset": SpecConfig.suffix_offset, "suffix_min_prob": SpecConfig.suffix_min_prob,
+    "lookahead_window": SpecConfig.lookahead_window, "lookahead_ngram": SpecConfig.lookahead_ngram,
+    "lookahead_guesses": SpecConfig.lookahead_guesses,
 }
 _DERIVED = {"proposer", "k", "k_max", "tree", "tree_max", "draft"}  # not copied verbatim
 HEAD_PROPOSERS = ("eagle", "medusa", "auto")  # the proposers that read a head directory

@@ -1,6 +1,6 @@
 """`auto`: per request, draft with whichever proposer is paying best right now.
 
-Candidates are ngram and suffix (both free), eagle and medusa (when a trained head matches the
+Candidates are ngram and suffix (both free), lookahead, eagle and medusa (when a trained head matches the
 target), a draft model (when `SpecConfig.draft` names one) and plain decoding. Each step picks the candidate, and its draft
 length up to the engine's k, with the highest expected goodput,
 E[tokens per pass] / (draft time + verify time), from:
@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 
 from ..acceptance import Evidence
 from ..economics import chain_tokens
-from .base import DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, build, register
+from .base import (DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, VerifiedRows,
+                   build, register)
 
-CANDIDATES = ("ngram", "suffix", "eagle", "medusa", "draft")  # each where it can be built
+CANDIDATES = ("ngram", "suffix", "lookahead", "eagle", "medusa", "draft")  # each where it can be built
 log = logging.getLogger(__name__)
 
 
@@ -139,6 +140,17 @@ class AutoProposer(Proposer):
     @property
     def active(self) -> str:
         return self.choice
+
+    @property
+    def reads_rows(self) -> bool:
+        return any(track.proposer.reads_rows for track in self.tracks.values())
+
+    def verified(self, rows: VerifiedRows) -> None:
+        """The rows were the chosen candidate's draft: only it may read them (a
+        lookahead window not chosen this step just does not advance)."""
+        track = self.tracks.get(self.choice)
+        if track is not None and track.proposer.reads_rows:
+            track.proposer.verified(rows)
 
     def finished(self, ctx: DraftContext) -> None:
         for track in self.tracks.values():
