@@ -30,7 +30,8 @@ class Colour(BaseModel):
 @pytest.fixture(scope="module")
 def served(default_engine):
     """The server, and the bodies it received (to see what each mode sent)."""
-    config = ServerConfig(("default",), ServeDefaults(proposer="ngram", k=6),
+    # Fixed k: adaptive k follows measured step times (docs: the open grammar issue).
+    config = ServerConfig(("default",), ServeDefaults(proposer="ngram", k=4, adaptive=False),
                           SchedulerConfig(max_num_seqs=2))
     app = create_app(default_engine, config)
     bodies: list[dict] = []
@@ -54,12 +55,13 @@ def chat(served, **kwargs):
 def test_invoke_and_stream_equal_the_engine(default_engine, served):
     question = "Name three colors."
     ids = default_engine.encode_messages([{"role": "user", "content": question}])
-    want = default_engine.generate(ids, SamplingParams(max_new_tokens=16), PLAIN).text
-    model = chat(served, temperature=0, max_tokens=16)
+    alone = default_engine.generate(ids, SamplingParams(max_new_tokens=24), PLAIN)
+    want = alone.text
+    model = chat(served, temperature=0, max_tokens=24)
     reply = model.invoke(question)
-    assert reply.content == want
-    assert reply.response_metadata["finish_reason"] == "length"
-    assert reply.usage_metadata["output_tokens"] == 16
+    assert reply.content == want and want
+    assert reply.response_metadata["finish_reason"] == alone.finish_reason
+    assert reply.usage_metadata["output_tokens"] == len(alone.token_ids)
     pieces = list(model.stream(question))
     assert "".join(p.content for p in pieces) == want and len(pieces) > 2
 
@@ -67,7 +69,10 @@ def test_invoke_and_stream_equal_the_engine(default_engine, served):
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_with_structured_output(served, method):
     _, bodies = served
-    model = chat(served, temperature=0, max_tokens=80).with_structured_output(Colour, method=method)
+    # strict: the schema closes the object (additionalProperties false), so a weak model
+    # cannot ramble through extra keys until max_tokens.
+    model = chat(served, temperature=0, max_tokens=120).with_structured_output(
+        Colour, method=method, strict=True)
     before = len(bodies)
     got = model.invoke("Describe the colour of a ripe tomato as JSON.")
     assert isinstance(got, Colour) and got.name
