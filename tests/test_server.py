@@ -131,6 +131,9 @@ def test_models_health_and_fallback_chat_template(client, server):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     status, text = raw(server, "GET", "/health")
     assert status == 200 and json.loads(text)["status"] == "ok"
+    status, text = raw(server, "GET", "/openapi.json")  # the pydantic bodies, described
+    schemas = json.loads(text)["components"]["schemas"]
+    assert status == 200 and {"ChatRequest", "CompletionRequest", "ChatCompletion"} <= set(schemas)
     plain = Engine(tiny_target(0, layers=1), tokenizer=CharTokenizer())
     messages = [{"role": "user", "content": "hi"}]
     assert encode_chat(plain, messages) == plain.encode(fallback_chat_text(messages))
