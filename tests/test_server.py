@@ -131,6 +131,9 @@ def test_models_health_and_fallback_chat_template(client, server):
     assert [m.id for m in client.models.list().data] == ["tiny"]
     status, text = raw(server, "GET", "/health")
     assert status == 200 and json.loads(text)["status"] == "ok"
+    status, text = raw(server, "GET", "/openapi.json")  # the pydantic bodies, described
+    schemas = json.loads(text)["components"]["schemas"]
+    assert status == 200 and {"ChatRequest", "CompletionRequest", "ChatCompletion"} <= set(schemas)
     plain = Engine(tiny_target(0, layers=1), tokenizer=CharTokenizer())
     messages = [{"role": "user", "content": "hi"}]
     assert encode_chat(plain, messages) == plain.encode(fallback_chat_text(messages))
@@ -241,6 +244,29 @@ BAD = [  # (path, body, param the error names)
                               "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
                               "logprobs": 1}, "logprobs"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "robot", "content": "hi"}]},
+     "messages[0].role"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user"}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0].type"),
+    ("/v1/completions", {"model": "tiny"}, "prompt"),
+    ("/v1/completions", {"prompt": "ab"}, "model"),
+    ("/v1/completions", {"model": "tiny", "prompt": [1, "a"]}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": [[1, 2], []]}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": [-1]}, "prompt[0]"),
+    ("/v1/completions", {"model": "tiny", "prompt": [999]}, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "speculation": {"colour": 1}},
+     "speculation.colour"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "stream_options": {}}, "stream_options"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "stream": True,
+                         "stream_options": {"x": 1}}, "stream_options.x"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "best_of": 2}, "best_of"),
+    ("/v1/completions", {"model": "tiny", "prompt": "ab", "suffix": "cd"}, "suffix"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "ab", "temperature": NaN}', "temperature"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None),
+    ("/v1/completions", b'', None),
 ]
 
 
@@ -257,6 +283,48 @@ def test_bad_input_is_400_and_the_server_keeps_serving(client, server, path, bod
         assert "512" in error["message"] and "100000" in error["message"]
     ok = client.completions.create(model="tiny", prompt="ab", max_tokens=3, temperature=0)
     assert len(ok.choices[0].text) == 3
+
+
+_ODD = [None, True, 0, -1, 1.5, 1e300, "", "x", "\ud800", [], [1], ["a"], {}, {"a": 1}]
+_VALID = {"model": "tiny", "max_tokens": 3, "temperature": 0.5, "top_p": 0.9, "n": 1,
+          "stop": ["zz"], "seed": 1, "user": "u", "frequency_penalty": 0.1,
+          "presence_penalty": 0.1, "logit_bias": {"5": 1}, "repetition_penalty": 1.1,
+          "min_p": 0.05, "min_tokens": 1, "top_k": 5, "ignore_eos": False,
+          "speculation": {"proposer": "ngram", "k": 2, "tree": 0}}
+_CHAT = {**_VALID, "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+         "top_logprobs": 1, "max_completion_tokens": 3, "response_format": {"type": "text"},
+         "tool_choice": "none", "parallel_tool_calls": False, "store": False,
+         "metadata": {"a": "b"}, "service_tier": "auto"}
+_COMPLETION = {**_VALID, "prompt": "ab", "logprobs": 1, "echo": False, "best_of": 1, "suffix": ""}
+
+
+def _mutants(body: dict):
+    """The body with each field (and each speculation / message field) set to each odd value."""
+    for name in body:
+        for value in _ODD:
+            yield {**body, name: value}
+    for name in ("proposer", "k", "tree", "draft"):
+        for value in _ODD:
+            yield {**body, "speculation": {name: value}}
+    if "messages" in body:
+        for name in ("role", "content"):
+            for value in _ODD:
+                yield {**body, "messages": [{"role": "user", "content": "hi", name: value}]}
+
+
+def test_no_odd_field_reaches_a_500(server):
+    """Every field of both routes set to every odd JSON value: served or a clean 400."""
+    seen = {200: 0, 400: 0}
+    for path, valid in (("/v1/chat/completions", _CHAT), ("/v1/completions", _COMPLETION)):
+        assert raw(server, "POST", path, json.dumps(valid).encode())[0] == 200
+        for body in _mutants(valid):
+            status, text = raw(server, "POST", path, json.dumps(body).encode())
+            assert status in seen, (status, body, text)
+            seen[status] += 1
+            if status == 400:
+                error = json.loads(text)["error"]
+                assert error["type"] == "invalid_request_error" and error["message"], body
+    assert seen[200] > 50 and seen[400] > 200, seen
 
 
 def test_queue_full_is_429(engine):

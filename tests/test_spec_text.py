@@ -14,7 +14,8 @@ from verispec.cli_args import spec_from
 from verispec.config import SamplingParams, SpecConfig
 from verispec.bench.runner import proposer_spec
 from verispec.serving.protocol import serve_defaults
-from verispec.serving.protocol import APIError, ServeDefaults, parse_spec as http_spec
+from verispec.serving.protocol import APIError, ServeDefaults, parse_request
+from verispec.serving.protocol import parse_spec as request_spec
 from verispec.spec_text import DRAFT_SOURCES, SpecError, parse_spec, parse_token
 
 from conftest import tiny_engine
@@ -22,6 +23,12 @@ from conftest import tiny_engine
 
 def generate_args(*flags):
     return build_parser().parse_args(["generate", "--prompt", "x", *flags])
+
+
+def http_spec(body: dict, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
+    """A request's speculation through the server's validation and parser."""
+    request = parse_request({"model": "m", "prompt": "p", **body}, chat=False)
+    return request_spec(request.speculation, defaults, num_layers)
 
 
 def test_one_text_one_config_at_every_edge():

@@ -14,6 +14,8 @@ from typing import Callable, Sequence
 
 from ..api import ShownLogprob
 from ..processors import TokenLogprob
+from .responses import ChatLogprobs, CompletionLogprobs, TopLogprob
+from .responses import TokenLogprob as TokenEntry
 
 FLOOR = -9999.0
 TokenText = Callable[[int], str]
@@ -29,25 +31,21 @@ def _entry(text: TokenText, token: int, logprob: float) -> dict:
             "bytes": list(word.encode("utf-8", "surrogatepass"))}
 
 
-def chat_content(text: TokenText, shown: Sequence[ShownLogprob]) -> list[dict]:
+def chat_content(text: TokenText, shown: Sequence[ShownLogprob]) -> list[TokenEntry]:
     """The `content` list of a chat choice's (or chunk's) logprobs."""
-    out = []
-    for item in shown:
-        lp = item.logprob
-        entry = _entry(text, lp.token, lp.logprob)
-        entry["top_logprobs"] = [_entry(text, t, v) for t, v in lp.top]
-        out.append(entry)
-    return out
+    return [TokenEntry(**_entry(text, item.logprob.token, item.logprob.logprob),
+                       top_logprobs=[TopLogprob(**_entry(text, t, v)) for t, v in item.logprob.top])
+            for item in shown]
 
 
-def chat_logprobs(text: TokenText, shown: Sequence[ShownLogprob]) -> dict:
-    return {"content": chat_content(text, shown), "refusal": None}
+def chat_logprobs(text: TokenText, shown: Sequence[ShownLogprob]) -> ChatLogprobs:
+    return ChatLogprobs(content=chat_content(text, shown), refusal=None)
 
 
 def completion_logprobs(text: TokenText, shown: Sequence[ShownLogprob], base_offset: int = 0,
                         prompt: Sequence[TokenLogprob | None] = (),
                         prompt_ids: Sequence[int] = (),
-                        prompt_offsets: Sequence[int] = ()) -> dict:
+                        prompt_offsets: Sequence[int] = ()) -> CompletionLogprobs:
     """Legacy completions logprobs; `base_offset`: where the generated text starts in
     the returned text (the echoed prompt's length); prompt*: echo's entries."""
     tokens, values, tops, offsets = [], [], [], []
@@ -62,5 +60,5 @@ def completion_logprobs(text: TokenText, shown: Sequence[ShownLogprob], base_off
         values.append(_finite(lp.logprob))
         tops.append({text(t): _finite(v) for t, v in lp.top})
         offsets.append(base_offset + item.offset)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
-            "text_offset": offsets}
+    return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops,
+                              text_offset=offsets)

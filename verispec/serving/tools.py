@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
-
 from ..config import Grammar
 from .errors import APIError
+from .requests import ChatRequest
 
 
 @dataclass(frozen=True)
@@ -27,60 +26,34 @@ class ToolPlan:
     note: str  # the system message that describes the functions
 
 
-def _functions(tools: Any) -> dict[str, dict]:
-    if not isinstance(tools, list):
-        raise APIError("Invalid type for 'tools': expected an array", "tools", "invalid_type")
-    out = {}
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not (isinstance(tool, dict) and tool.get("type") == "function"
-                and isinstance(tool.get("function"), dict)):
-            raise APIError(f"'{where}' must be {{'type': 'function', 'function': {{...}}}}", where)
-        function = tool["function"]
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise APIError(f"'{where}.function.name' must be a non-empty string",
-                           f"{where}.function.name")
-        parameters = function.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(parameters, dict):
-            raise APIError(f"'{where}.function.parameters' must be a JSON schema object",
-                           f"{where}.function.parameters")
-        out[name] = {"description": function.get("description", ""), "parameters": parameters}
-    return out
-
-
-def plan_tools(body: dict) -> ToolPlan | None:
-    """The tool plan of a chat body; None when the answer stays plain text."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools is None or tools == []:
+def plan_tools(request: ChatRequest) -> ToolPlan | None:
+    """The tool plan of a chat request; None when the answer stays plain text."""
+    choice = request.tool_choice
+    if not request.tools:
         if choice not in (None, "none", "auto"):
             raise APIError("'tool_choice' needs 'tools'", "tool_choice")
         return None
-    functions = _functions(tools)
+    functions = {tool.function.name: tool.function for tool in request.tools}
     if choice in (None, "none", "auto"):
         return None
     if choice == "required":
         branches = [{"type": "object", "properties": {"name": {"const": name},
-                                                      "arguments": f["parameters"]},
+                                                      "arguments": f.parameters},
                      "required": ["name", "arguments"], "additionalProperties": False}
                     for name, f in functions.items()]
         schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
-        listing = "\n".join(f"- {n}: {f['description']}" for n, f in functions.items())
+        listing = "\n".join(f"- {n}: {f.description}" for n, f in functions.items())
         note = ("Answer with a JSON object {\"name\": <function>, \"arguments\": {...}} calling "
                 f"one of these functions:\n{listing}")
         return ToolPlan(Grammar("json_schema", json.dumps(schema)), None, note)
-    if not (isinstance(choice, dict) and choice.get("type") == "function"
-            and isinstance(choice.get("function"), dict)):
-        raise APIError("Invalid value for 'tool_choice': use 'none', 'auto', 'required' or "
-                       "{'type': 'function', 'function': {'name': ...}}", "tool_choice")
-    name = choice["function"].get("name")
+    name = choice.function.name
     if name not in functions:
         raise APIError(f"tool_choice names {name!r}, which is not among the tools",
                        "tool_choice.function.name")
     f = functions[name]
-    note = (f"Call the function {name} ({f['description']}): answer with its arguments as a "
-            f"JSON object matching {json.dumps(f['parameters'])}")
-    return ToolPlan(Grammar("json_schema", json.dumps(f["parameters"])), name, note)
+    note = (f"Call the function {name} ({f.description}): answer with its arguments as a "
+            f"JSON object matching {json.dumps(f.parameters)}")
+    return ToolPlan(Grammar("json_schema", json.dumps(f.parameters)), name, note)
 
 
 def tool_calls(plan: ToolPlan, text: str) -> list[dict]:
