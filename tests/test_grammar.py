@@ -207,3 +207,27 @@ def test_default_model_fills_schemas(default_engine):
             assert isinstance(value, dict)
         else:
             jsonschema.validate(value, schema)
+
+
+def test_a_grammar_that_gives_up_mid_output_stops_the_request(tokenizer):
+    """llguidance reports a resource limit by entering its error state and filling
+    empty masks; an empty mask must not read as the grammar's end (which allows
+    every token), or the constraint would silently lift."""
+    import llguidance
+
+    from verispec.grammar import Constraint, GrammarLimitError, ll_tokenizer
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "tags": {"type": "array", "items": {"type": "string"}}}}
+    ids = tokenizer.encode('{"name": "abc"}', add_special_tokens=False)
+    tight = llguidance.LLParserLimits(step_max_items=30)
+    constraint = Constraint(_grammar(schema), ll_tokenizer(tokenizer, VOCAB), VOCAB, limits=tight)
+    with pytest.raises(GrammarLimitError, match="Too many items"):
+        for i in range(len(ids)):
+            masks = constraint.masks([])  # [1, vocab]
+            assert not bool(masks.all()), f"the constraint lifted after {i} tokens"
+            constraint.commit(ids[i: i + 1])
+    roomy = Constraint(_grammar(schema), ll_tokenizer(tokenizer, VOCAB), VOCAB)
+    for token in ids:
+        assert not bool(roomy.masks([]).all())
+        roomy.commit([token])

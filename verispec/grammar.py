@@ -43,23 +43,34 @@ def ll_tokenizer(tokenizer, vocab_size: int):
     return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
 
 
+class GrammarLimitError(RuntimeError):
+    """The grammar engine gave up mid-output (a resource limit): the request ends
+    with this error rather than with output the grammar was not checked against."""
+
+
 class Constraint:
     """One request's grammar state over token ids; it holds the committed tokens."""
 
-    def __init__(self, grammar: Grammar, tokenizer, vocab_size: int) -> None:
+    def __init__(self, grammar: Grammar, tokenizer, vocab_size: int, limits=None) -> None:
+        """`limits`: llguidance's LLParserLimits; None gives ten times its default
+        work per step, since a loose JSON schema can exceed the default mid-output."""
         import llguidance
         import llguidance.torch
 
         self._llt = llguidance.torch
+        if limits is None:
+            limits = llguidance.LLParserLimits(step_lexer_fuel=2_000_000, step_max_items=500_000)
         self.vocab_size = vocab_size
-        self.matcher = llguidance.LLMatcher(tokenizer, grammar.llguidance())
+        self.matcher = llguidance.LLMatcher(tokenizer, grammar.llguidance(), limits=limits)
         if self.matcher.is_error():
             raise ValueError(f"invalid {grammar.kind} grammar: {self.matcher.get_error()}")
         self.forced_drafts = 0  # grammar-forced tokens drafted so far, for the stats
 
     def allowed_prefix(self, drafts: Sequence[int]) -> int:
         """How many leading drafts the grammar allows after the committed tokens."""
-        return self.matcher.validate_tokens(list(drafts)) if len(drafts) else 0
+        keep = self.matcher.validate_tokens(list(drafts)) if len(drafts) else 0
+        self._check("checking drafts")
+        return keep
 
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens the grammar forces next (llguidance's fast-forward)."""
@@ -76,8 +87,10 @@ class Constraint:
         for i, token in enumerate(drafts):
             llt.fill_next_token_bitmask(self.matcher, bitmask, i)
             if not self.matcher.consume_token(int(token)):
+                self._check("consuming a draft")
                 raise RuntimeError(f"draft {i} is not allowed: {self.matcher.get_error()}")
         llt.fill_next_token_bitmask(self.matcher, bitmask, k)
+        self._check("computing a mask")
         if k:
             self.matcher.rollback(k)
         # Bit j of word w is token 32 w + j: little-endian bytes, little bit order.
@@ -90,9 +103,17 @@ class Constraint:
             allowed[empty] = True
         return allowed
 
+    def _check(self, doing: str) -> None:
+        """A matcher in its error state (a resource limit: llguidance reports, never
+        raises) fills empty masks, which `masks` would read as the grammar's end and
+        lift the constraint: stop here instead, so no forbidden token is emitted."""
+        if self.matcher.is_error():
+            raise GrammarLimitError(f"the grammar failed while {doing}: {self.matcher.get_error()}")
+
     def commit(self, tokens: Sequence[int]) -> None:
         for token in tokens:
             if not self.matcher.consume_token(int(token)):
+                self._check("committing a token")
                 raise RuntimeError(f"committed token {token} is not allowed: "
                                    f"{self.matcher.get_error()}")
 
