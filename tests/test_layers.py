@@ -14,7 +14,7 @@ ROOT = Path(verispec.__file__).parent
 LAYERS = [
     ("config", "economics", "sampling", "kv_cache"),
     ("models", "proposers"),
-    ("engine", "policy"),
+    ("engine", "policy", "plan", "drafting", "request"),
     ("api",),
     ("cli", "cli_args", "serving", "bench", "training"),
 ]

@@ -52,7 +52,7 @@ class Collector:
 
 
 def make_scheduler(engine, **config) -> Scheduler:
-    return Scheduler(engine.target, lambda *a: engine.new_request(*a, own_timing=False),
+    return Scheduler(engine.target, engine.new_request,
                      SchedulerConfig(**config))
 
 
@@ -253,7 +253,7 @@ def test_fused_backends_are_detected(engine, tiny_native):
     """The cost model reads the model's own word: HF runs items in turn, the native
     backend fuses them when its kernels are built."""
     assert make_scheduler(engine).cost.fused is False
-    scheduler = Scheduler(tiny_native, lambda *a: engine.new_request(*a, own_timing=False))
+    scheduler = Scheduler(tiny_native, engine.new_request)
     assert scheduler.cost.fused is tiny_native.fuses_batches is tiny_native.row_kernels
     scheduler.close()
 
@@ -313,13 +313,14 @@ def test_k0_steps_make_shadow_guesses_unless_held(engine, allow_shadow):
     """An adaptive n-gram request at k = 0 still guesses one token (a shadow) and the
     controller learns from it; a step the guard holds skips that guess."""
     request = engine.new_request(PROMPTS[0], SamplingParams(max_new_tokens=12),
-                                 SpecConfig("ngram", k=4, adaptive=True), own_timing=False)
-    request.complete(engine.target.forward_batch([request.prepare(None)])[0])  # the prefill
-    prior = request.controller.alphas.copy()
+                                 SpecConfig("ngram", k=4, adaptive=True))
+    request.complete(engine.target.forward_batch([request.prepare()])[0])  # the prefill
+    prior = request.policy.controller.alphas.copy()
     for _ in range(6):
-        request.complete(engine.target.forward_batch(
-            [request.prepare(0, allow_shadow=allow_shadow)])[0])
-    learned = not (request.controller.alphas == prior).all()
+        plan = request.quote().plan(0) if allow_shadow else request.policy.plain(request.room())
+        assert plan.k == 0 and plan.shadow == allow_shadow
+        request.complete(engine.target.forward_batch([request.prepare(plan)])[0])
+    learned = not (request.policy.controller.alphas == prior).all()
     assert learned == allow_shadow
 
 
@@ -352,13 +353,14 @@ def test_scheduled_adaptive_ngram_prices_k_by_its_evidence(engine):
     assert len(keys) >= len(sink.stats.steps) - 1 and max(keys) >= 1
 
     # The keyed estimate moves with outcomes reported under its key, not others'.
-    request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6, adaptive=True),
-                                 own_timing=False)
-    request.complete(engine.target.forward_batch([request.prepare(None)])[0])
+    request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6, adaptive=True))
+    request.complete(engine.target.forward_batch([request.prepare()])[0])
     evidence = request.proposer.evidence(DraftContext(request.tokens, len(prompt)))
-    before = request.controller.evidence_alphas(evidence).copy()
-    assert (request.next_alphas() == before).all()
-    request.complete(engine.target.forward_batch([request.prepare(3)])[0])
-    assert not (request.controller.evidence_alphas(evidence) == before).all()
+    controller = request.policy.controller
+    before = controller.evidence_alphas(evidence).copy()
+    quote = request.quote()
+    assert (quote.alphas == before).all() and quote.evidence == evidence
+    request.complete(engine.target.forward_batch([request.prepare(quote.plan(3))])[0])
+    assert not (controller.evidence_alphas(evidence) == before).all()
     other = Evidence(evidence.key + 1, 0.5)
-    assert (request.controller.evidence_alphas(other) == 0.5).all()
+    assert (controller.evidence_alphas(other) == 0.5).all()

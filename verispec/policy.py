@@ -91,8 +91,6 @@ class StepObservation:
 class AdaptiveK:
     """Chooses k per step for one request; see the module docstring."""
 
-    nodes: int | None = None  # tree budget per step: None keeps the proposer's own (tree_policy)
-
     def __init__(self, cost: CostModel | None = None, *, max_depth: int = 32,
                  half_life: float = 16.0, cost_half_life: float = 64.0,
                  prior_alpha: float = 0.5, prior_strength: float = 1.0,

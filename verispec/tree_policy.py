@@ -53,7 +53,7 @@ class AdaptiveTree:
         self.tried = {b: 0 for b in self.budgets}
         self.explore_every = explore_every
         self._steps = 0
-        self.nodes = 0  # the budget of the step being drafted; 0 = chain (read by the engine)
+        self.nodes = 0  # the budget `choose` picked with its depth; 0 = chain
 
     @property
     def alphas(self) -> np.ndarray:
@@ -115,13 +115,14 @@ class AdaptiveTree:
         self.nodes = min(near, key=lambda b: (self.tried[b], b))
         return max(1, min(plan.k, self.nodes, max_k))
 
-    def observe(self, obs: StepObservation) -> None:
-        """A verified step; a tree step (obs.tree) verified a tree of budget `self.nodes`."""
+    def observe(self, obs: StepObservation, nodes: int | None = None) -> None:
+        """A verified step; a tree step (obs.tree) verified a tree of budget `nodes`
+        (the plan's; None: the one the last `choose` set)."""
         if not obs.tree:
             self.chain.observe(obs)
             return
-        # A scheduler-chosen step (no choose()) drafted the configured budget, the cap.
-        budget = self.nodes or self.budgets[-1]
+        # A step whose depth a scheduler chose drafted the configured budget, the cap.
+        budget = (self.nodes if nodes is None else nodes) or self.budgets[-1]
         self.tried[budget] += 1
         self.arms[budget].observe_acceptance(obs.drafted, obs.accepted)
         self.chain.observe_timing(obs)
