@@ -259,6 +259,7 @@ def test_fused_backends_are_detected(engine, tiny_native):
 
 
 def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypatch):
+    from verispec.acceptance import Tally
     from verispec.metrics import Stats, StepRecord
     from verispec.policy import AdaptiveK
 
@@ -271,7 +272,7 @@ def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypa
     stats.steps = [StepRecord("ngram", 4, 4, 1, 2), StepRecord("ngram", 4, 4, 4, 5),
                    StepRecord("ngram", 4, 0, 0, 1)]
     scheduler._pool("ngram", stats)  # 5 accepted drafts, 1 first rejection
-    assert scheduler._pooled["ngram"] == (5.0, 1.0)
+    assert scheduler._pooled["ngram"] == Tally(5.0, 1.0)
     sinks = [Collector(), Collector()]
     scheduler.submit([Ticket(PROMPTS[0], SamplingParams(max_new_tokens=6),
                              SpecConfig("ngram", k=4, adaptive=True), sinks[0]),

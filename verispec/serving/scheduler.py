@@ -30,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..acceptance import Tally
+from ..cadence import Explore
 from ..economics import CostModel
 from ..config import SamplingParams, SpecConfig
 from ..metrics import Stats, StepRecord
@@ -137,7 +139,7 @@ class Scheduler:
         self._stop = False
         self._admitting = 0  # popped from the queue, not yet running: counted as busy
         self._stepping = False  # a step is in flight (its end may already have emptied the batch)
-        self._steps = 0
+        self._explore = Explore(self.config.explore_every)  # counts every step
         self._guarded = 0  # decoding requests of this step if the guard's answer mattered, else 0
         self._guard_measured = False  # this step decodes only: its time is the guard's sample
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
@@ -145,7 +147,7 @@ class Scheduler:
         # A new adaptive request starts from their ratio rather than from a blind prior:
         # at 16 streams of short requests, each one learning alpha from 0.5 on its own
         # drafted enough in its first steps to cost the batch several percent.
-        self._pooled: dict[str, tuple[float, float]] = {}
+        self._pooled: dict[str, Tally] = {}
         self._thread = threading.Thread(target=self._loop, name="verispec-scheduler", daemon=True)
         self._thread.start()
 
@@ -244,8 +246,8 @@ class Scheduler:
             self._admitting -= 1
             if request is not None:
                 pooled = self._pooled.get(ticket.spec.proposer)
-                if request.policy.adaptive and pooled and sum(pooled) >= 1.0:
-                    request.policy.seed(pooled[0] / sum(pooled), self.config.pool_strength)
+                if request.policy.adaptive and pooled and pooled.count >= 1.0:
+                    request.policy.seed(pooled.alpha, self.config.pool_strength)
                 self.metrics.admitted(len(ticket.ids))
                 self._caches.add(request.cache)
                 self._running.append(_Slot(ticket, request))
@@ -261,7 +263,7 @@ class Scheduler:
 
     def _plans(self, slots: list[_Slot]) -> list[Plan | None]:
         """Every running request's plan for this step; None for a prefill."""
-        self._steps += 1
+        turn = self._explore.tick()
         decoding = sum(slot.request.prefilled for slot in slots)
         adaptive = any(s.request.prefilled and s.request.policy.adaptive and s.request.room()
                        for s in slots)
@@ -280,13 +282,11 @@ class Scheduler:
                       for s, q in zip(slots, quotes)]
         ks = list(allocate(candidates, self.cost, self.config.margin))
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
-        every = self.config.explore_every
-        if every and movable and self._steps % every == 0:
+        if turn is not None and movable:
             # Step times are measured only at the widths the allocator picks, and a wrong
             # extrapolation elsewhere would never be corrected: now and then one request
             # drafts one more, or one fewer, so the widths next to the chosen one are
             # measured too. The rate is flat near its optimum, so this costs little.
-            turn = self._steps // every
             i = movable[turn % len(movable)]
             up = (turn // len(movable)) % 2 == 0 or ks[i] == 0
             ks[i] = min(ks[i] + 1, candidates[i].k_cap) if up else ks[i] - 1
@@ -367,10 +367,8 @@ class Scheduler:
         steps = [r for r in stats.steps if r.drafted]
         if not steps:
             return
-        accepted = sum(r.accepted for r in steps)
-        rejected = sum(r.accepted < r.drafted for r in steps)
-        old = self._pooled.get(proposer, (0.0, 0.0))
-        self._pooled[proposer] = (decay * old[0] + accepted, decay * old[1] + rejected)
+        self._pooled.setdefault(proposer, Tally()).add(
+            sum(r.accepted for r in steps), sum(r.accepted < r.drafted for r in steps), decay)
 
     def _fail(self, ticket: Ticket, failure: Failure) -> None:
         if ticket.done:
