@@ -1,7 +1,8 @@
 """Per-request choice of the draft length k, so that speculation pays or stops.
 
-The engine builds one `AdaptiveK` per request, asks `choose(max_k)` before each
-proposal and reports the outcome with `observe(StepObservation(...))`. The
+A request's policy (verispec.plan.AdaptiveKPolicy) holds one `AdaptiveK`, asks
+`choose(max_k)` before each proposal and reports the outcome with
+`observe(StepObservation(...))`. The
 controller keeps two online estimates and picks the k that maximises expected
 tokens per second, E(k) / (T_draft(k) + T_verify(k + 1)); relative to plain
 decoding that is the seed's formula 9.3, E / (T_draft/T_decode + 1 + overhead*k).
