@@ -260,7 +260,7 @@ def test_fused_backends_are_detected(engine, tiny_native):
 
 def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypatch):
     from verispec.acceptance import Tally
-    from verispec.metrics import Stats, StepRecord
+    from verispec.plan import FixedK, Outcome, Plan
     from verispec.policy import AdaptiveK
 
     seeds = []
@@ -268,10 +268,11 @@ def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypa
     monkeypatch.setattr(AdaptiveK, "seed", lambda self, a, n: (seeds.append((a, n)),
                                                                 original(self, a, n)))
     scheduler = make_scheduler(engine)
-    stats = Stats(proposer="ngram", k=4)
-    stats.steps = [StepRecord("ngram", 4, 4, 1, 2), StepRecord("ngram", 4, 4, 4, 5),
-                   StepRecord("ngram", 4, 0, 0, 1)]
-    scheduler._pool("ngram", stats)  # 5 accepted drafts, 1 first rejection
+    policy = FixedK(0)
+    for k, drafted, accepted in [(4, 4, 1), (4, 4, 4), (4, 0, 0)]:
+        policy.observe(Plan(k, 0), Outcome(drafted, accepted))
+    assert policy.outcomes == Tally(5.0, 1.0)
+    scheduler._pool("ngram", policy.outcomes)  # 5 accepted drafts, 1 first rejection
     assert scheduler._pooled["ngram"] == Tally(5.0, 1.0)
     sinks = [Collector(), Collector()]
     scheduler.submit([Ticket(PROMPTS[0], SamplingParams(max_new_tokens=6),

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .acceptance import Evidence
+from .acceptance import Evidence, Tally
 from .config import SpecConfig
 from .economics import load_profile
 from .policy import AdaptiveK, StepObservation
@@ -88,6 +88,9 @@ class Policy:
         # Discounted draft seconds and requested draft tokens: the price a batch pays per draft.
         self._draft_seconds = 0.0
         self._draft_tokens = 0.0
+        # Every drafting step's outcome, undiscounted (decay 1): what serving pools per
+        # proposer when the request ends, so that the next request starts from it.
+        self.outcomes = Tally()
 
     def plan(self, ctx: PlanContext, room: int) -> Plan:
         raise NotImplementedError
@@ -104,6 +107,8 @@ class Policy:
         if plan.k:
             self._draft_seconds = 0.9 * self._draft_seconds + outcome.draft_seconds
             self._draft_tokens = 0.9 * self._draft_tokens + plan.k
+        if outcome.drafted:
+            self.outcomes.add(outcome.accepted, outcome.accepted < outcome.drafted, 1.0)
         self._learn(plan, outcome)
 
     def seed(self, alpha: float, strength: float) -> None:

@@ -352,7 +352,7 @@ class Scheduler:
             self._running.remove(slot)
         stats = slot.request.stats
         if not slot.ticket.spec.tree:  # tree steps count nodes, not chain outcomes
-            self._pool(slot.ticket.spec.proposer, stats)
+            self._pool(slot.ticket.spec.proposer, slot.request.policy.outcomes)
         slot.request.release()
         if failure is None:
             slot.ticket.done = True
@@ -360,15 +360,12 @@ class Scheduler:
         else:
             self._fail(slot.ticket, failure)
 
-    def _pool(self, proposer: str, stats: Stats, decay: float = 0.8) -> None:
-        """Fold a finished request's chain outcomes into its proposer's pooled estimate
-        (accepted drafts over accepted drafts plus first rejections: the censored
-        geometric estimate of per-token acceptance)."""
-        steps = [r for r in stats.steps if r.drafted]
-        if not steps:
-            return
-        self._pooled.setdefault(proposer, Tally()).add(
-            sum(r.accepted for r in steps), sum(r.accepted < r.drafted for r in steps), decay)
+    def _pool(self, proposer: str, outcomes: Tally, decay: float = 0.8) -> None:
+        """Fold a finished request's chain outcomes (its policy's `outcomes`) into its
+        proposer's pooled estimate."""
+        if outcomes.count:
+            self._pooled.setdefault(proposer, Tally()).add(outcomes.accepted, outcomes.rejected,
+                                                           decay)
 
     def _fail(self, ticket: Ticket, failure: Failure) -> None:
         if ticket.done:
