@@ -183,6 +183,7 @@ class StepCost:
         self._rel = np.zeros(0)
         self._sum = np.zeros(0)  # index w - 1: discounted seconds observed at width w
         self._weight = np.zeros(0)  # and the discounted count
+        self._table: np.ndarray | None = None  # every width's prediction, until the next change
 
     @property
     def timed(self) -> bool:
@@ -197,6 +198,7 @@ class StepCost:
         pad = size - self._sum.size
         self._sum = np.concatenate([self._sum, np.zeros(pad)])
         self._weight = np.concatenate([self._weight, np.zeros(pad)])
+        self._table = None
 
     def table(self, max_width: int) -> np.ndarray:
         """Predicted seconds of one forward over w positions, at index w, for w = 0..max_width
@@ -204,8 +206,16 @@ class StepCost:
         the prior's shape is rescaled by the interpolated measured/prior ratio. Beyond the
         widest measured one, the curve grows at least as fast as the last measured slope:
         step time is convex in the width (flat while memory-bound, then linear), so a flat
-        prior must not make unmeasured widths look free."""
+        prior must not make unmeasured widths look free. Read-only: computed for every
+        width once per change (each entry depends on its own width only, and the running
+        maximum on the narrower ones), since a policy reads it several times a step."""
         self._grow(max(max_width, 1))
+        if self._table is None:
+            self._table = self._predict_all(self._rel.size)
+            self._table.flags.writeable = False
+        return self._table[: max_width + 1]
+
+    def _predict_all(self, max_width: int) -> np.ndarray:
         rel = self._rel[:max_width]
         seen = np.flatnonzero(self._weight > 0)
         if seen.size:
@@ -234,6 +244,7 @@ class StepCost:
             seconds = min(seconds, 4.0 * predicted)
         self._sum *= self._gamma
         self._weight *= self._gamma
+        self._table = None
         if self.fused:
             self._sum[total - 1] += seconds
             self._weight[total - 1] += 1.0
