@@ -92,9 +92,15 @@ def test_a_reading_proposer_hears_the_target_at_every_fed_row(target, tree):
     assert sum(record.accepted for record in r.stats.steps) > 0
 
 
-def test_the_plan_carries_the_tree_budget(target):
+def test_the_plan_carries_the_tree_budget(target, monkeypatch):
     """`--tree auto`: the budget the tree policy chose reaches the proposer through the
     plan; fixed and adaptive-k plans carry the configured budget; no side channel."""
+    import types
+
+    # A stopped clock: untimed steps, so the policies' choices depend on acceptance alone.
+    stopped = types.SimpleNamespace(perf_counter=lambda: 0.0)
+    for module in ("engine", "drafting", "request"):
+        monkeypatch.setattr(f"verispec.{module}.time", stopped)
     for spec, kind in [(SpecConfig("ngram", k=6, tree=16), FixedK),
                        (SpecConfig("ngram", k=6, tree=16, adaptive=True), AdaptiveKPolicy),
                        (SpecConfig("ngram", k=6, tree=16, adaptive=True, tree_auto=True),
