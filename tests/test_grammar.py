@@ -182,7 +182,7 @@ def test_bad_grammars_fail_cleanly(engine):
 
 
 def _run(engine, request):
-    from verispec.engine import run_alone
+    from verispec.request import run_alone
     return run_alone(engine.target, request)
 
 

@@ -234,14 +234,15 @@ def test_steps_that_draft_nothing_still_reach_the_eagle_head(root, tiny):
     real row per committed position, as if it had been called every step."""
     head = trained(root, tiny, "eagle").folder
     request = Engine(tiny).new_request([3, 17, 4, 9, 3, 17], SamplingParams(max_new_tokens=20),
-                                       SpecConfig("eagle", k=4, head=str(head)), own_timing=False)
-    for k in (None, 0, 0, 0, 2, 0, 3):  # the prefill, then scheduler-chosen draft lengths
-        request.complete(tiny.forward_batch([request.prepare(k)])[0])
+                                       SpecConfig("eagle", k=4, head=str(head)))
+    request.complete(tiny.forward_batch([request.prepare()])[0])  # the prefill
+    for k in (0, 0, 0, 2, 0, 3):  # scheduler-chosen draft lengths
+        request.complete(tiny.forward_batch([request.prepare(request.quote().plan(k))])[0])
         if k:
             # The last step's rows are fed at the next proposal; every earlier position is in.
             assert request.proposer.fed_until == request.proposer.real_rows
             assert request.proposer.fed_until >= len(request.tokens) - 1 - (k + 1)
-    request.prepare(1)
+    request.prepare(request.quote().plan(1))
     assert request.proposer.real_rows == len(request.tokens) - 1
 
 

@@ -12,9 +12,9 @@ import verispec
 ROOT = Path(verispec.__file__).parent
 # Named layers, lowest first; a module may import its own layer or lower ones only.
 LAYERS = [
-    ("config", "economics", "sampling", "kv_cache"),
+    ("config", "economics", "cadence", "sampling", "kv_cache"),
     ("models", "proposers"),
-    ("engine", "policy"),
+    ("engine", "policy", "plan", "drafting", "request"),
     ("api",),
     ("cli", "cli_args", "serving", "bench", "training"),
 ]

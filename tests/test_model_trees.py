@@ -17,7 +17,7 @@ from tree_support import Recorded, tree_request
 from test_greedy_equality import plain
 from test_head_equality import _exact_marginals, _sampled_counts, _worst_pvalue
 from verispec import Engine, SamplingParams, SpecConfig, rejection
-from verispec.engine import run_alone
+from verispec.request import run_alone
 from verispec.heads.eagle import HeadCache
 from verispec.lossless import compare_greedy
 from verispec.proposers import ProposerSetup, build

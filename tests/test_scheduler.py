@@ -52,7 +52,7 @@ class Collector:
 
 
 def make_scheduler(engine, **config) -> Scheduler:
-    return Scheduler(engine.target, lambda *a: engine.new_request(*a, own_timing=False),
+    return Scheduler(engine.target, engine.new_request,
                      SchedulerConfig(**config))
 
 
@@ -253,13 +253,14 @@ def test_fused_backends_are_detected(engine, tiny_native):
     """The cost model reads the model's own word: HF runs items in turn, the native
     backend fuses them when its kernels are built."""
     assert make_scheduler(engine).cost.fused is False
-    scheduler = Scheduler(tiny_native, lambda *a: engine.new_request(*a, own_timing=False))
+    scheduler = Scheduler(tiny_native, engine.new_request)
     assert scheduler.cost.fused is tiny_native.fuses_batches is tiny_native.row_kernels
     scheduler.close()
 
 
 def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypatch):
-    from verispec.metrics import Stats, StepRecord
+    from verispec.acceptance import Tally
+    from verispec.plan import FixedK, Outcome, Plan
     from verispec.policy import AdaptiveK
 
     seeds = []
@@ -267,11 +268,12 @@ def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypa
     monkeypatch.setattr(AdaptiveK, "seed", lambda self, a, n: (seeds.append((a, n)),
                                                                 original(self, a, n)))
     scheduler = make_scheduler(engine)
-    stats = Stats(proposer="ngram", k=4)
-    stats.steps = [StepRecord("ngram", 4, 4, 1, 2), StepRecord("ngram", 4, 4, 4, 5),
-                   StepRecord("ngram", 4, 0, 0, 1)]
-    scheduler._pool("ngram", stats)  # 5 accepted drafts, 1 first rejection
-    assert scheduler._pooled["ngram"] == (5.0, 1.0)
+    policy = FixedK(0)
+    for k, drafted, accepted in [(4, 4, 1), (4, 4, 4), (4, 0, 0)]:
+        policy.observe(Plan(k, 0), Outcome(drafted, accepted))
+    assert policy.outcomes == Tally(5.0, 1.0)
+    scheduler._pool("ngram", policy.outcomes)  # 5 accepted drafts, 1 first rejection
+    assert scheduler._pooled["ngram"] == Tally(5.0, 1.0)
     sinks = [Collector(), Collector()]
     scheduler.submit([Ticket(PROMPTS[0], SamplingParams(max_new_tokens=6),
                              SpecConfig("ngram", k=4, adaptive=True), sinks[0]),
@@ -313,13 +315,14 @@ def test_k0_steps_make_shadow_guesses_unless_held(engine, allow_shadow):
     """An adaptive n-gram request at k = 0 still guesses one token (a shadow) and the
     controller learns from it; a step the guard holds skips that guess."""
     request = engine.new_request(PROMPTS[0], SamplingParams(max_new_tokens=12),
-                                 SpecConfig("ngram", k=4, adaptive=True), own_timing=False)
-    request.complete(engine.target.forward_batch([request.prepare(None)])[0])  # the prefill
-    prior = request.controller.alphas.copy()
+                                 SpecConfig("ngram", k=4, adaptive=True))
+    request.complete(engine.target.forward_batch([request.prepare()])[0])  # the prefill
+    prior = request.policy.controller.alphas.copy()
     for _ in range(6):
-        request.complete(engine.target.forward_batch(
-            [request.prepare(0, allow_shadow=allow_shadow)])[0])
-    learned = not (request.controller.alphas == prior).all()
+        plan = request.quote().plan(0) if allow_shadow else request.policy.plain(request.room())
+        assert plan.k == 0 and plan.shadow == allow_shadow
+        request.complete(engine.target.forward_batch([request.prepare(plan)])[0])
+    learned = not (request.policy.controller.alphas == prior).all()
     assert learned == allow_shadow
 
 
@@ -352,13 +355,14 @@ def test_scheduled_adaptive_ngram_prices_k_by_its_evidence(engine):
     assert len(keys) >= len(sink.stats.steps) - 1 and max(keys) >= 1
 
     # The keyed estimate moves with outcomes reported under its key, not others'.
-    request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6, adaptive=True),
-                                 own_timing=False)
-    request.complete(engine.target.forward_batch([request.prepare(None)])[0])
+    request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6, adaptive=True))
+    request.complete(engine.target.forward_batch([request.prepare()])[0])
     evidence = request.proposer.evidence(DraftContext(request.tokens, len(prompt)))
-    before = request.controller.evidence_alphas(evidence).copy()
-    assert (request.next_alphas() == before).all()
-    request.complete(engine.target.forward_batch([request.prepare(3)])[0])
-    assert not (request.controller.evidence_alphas(evidence) == before).all()
+    controller = request.policy.controller
+    before = controller.evidence_alphas(evidence).copy()
+    quote = request.quote()
+    assert (quote.alphas == before).all() and quote.evidence == evidence
+    request.complete(engine.target.forward_batch([request.prepare(quote.plan(3))])[0])
+    assert not (controller.evidence_alphas(evidence) == before).all()
     other = Evidence(evidence.key + 1, 0.5)
-    assert (request.controller.evidence_alphas(other) == 0.5).all()
+    assert (controller.evidence_alphas(other) == 0.5).all()

@@ -11,7 +11,7 @@ from conftest import tiny_llama, tiny_target
 from tree_support import ScriptedTrees, tree_request
 from verispec import rejection
 from verispec.config import SamplingParams
-from verispec.engine import run_alone
+from verispec.request import run_alone
 from verispec.rejection import verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
 from verispec.token_tree import ROOT, TokenTree
 from verispec.tree import tree_attention, tree_feed, tree_finish

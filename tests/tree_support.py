@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import torch
 
 from verispec.config import SamplingParams, SpecConfig
-from verispec.engine import SpecRequest
+from verispec.request import SpecRequest
 from verispec.metrics import Stats
 from verispec.proposers.base import DraftContext, Proposal, Proposer
 from verispec.stopping import Stopper

@@ -30,6 +30,32 @@ class _Outcome:
     alpha_before: float  # depth-1 estimate before this outcome was counted
 
 
+@dataclass
+class Tally:
+    """One alpha per token, the censored geometric estimate: discounted accepted drafts
+    over discounted accepted drafts plus first rejections. `auto` scores its candidates
+    with it; serving pools finished requests' outcomes per proposer with it."""
+    accepted: float = 0.0
+    rejected: float = 0.0
+
+    @staticmethod
+    def seeded(alpha: float, strength: float) -> "Tally":
+        """A prior of `alpha` worth `strength` outcomes, which fades like real ones."""
+        return Tally(strength * alpha, strength * (1.0 - alpha))
+
+    def add(self, accepted: int, rejected: int, decay: float) -> None:
+        self.accepted = decay * self.accepted + accepted
+        self.rejected = decay * self.rejected + rejected
+
+    @property
+    def count(self) -> float:
+        return self.accepted + self.rejected
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / max(self.count, 1e-9)
+
+
 def _binomial_tail(x: int, n: int, p: float) -> float:
     """min(P(X <= x), P(X >= x)) for X ~ Binomial(n, p)."""
     pmf = [math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(n + 1)]

@@ -9,7 +9,7 @@ import torch
 
 from . import proposers
 from .config import DEFAULT_SPEC, SamplingParams, SpecConfig
-from .engine import SpecRequest, Step, run_alone, validate_prompt
+from .engine import Step, validate_prompt
 from .grammar import Constraint, ll_tokenizer
 from .metrics import Stats
 from .models.base import TargetModel
@@ -19,6 +19,7 @@ from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
 from .proposers.base import ProposerSetup
 from .proposers.suffix_store import SuffixStore
+from .request import SpecRequest, run_alone
 from .sampling import make_generator
 from .spec_text import parse_quant_source
 from .stopping import Stopper, held_back, trim_at_stop
@@ -201,9 +202,9 @@ class Engine:
             return self.encode(prompt, chat=chat)
         return [int(t) for t in prompt]
 
-    def new_request(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig,
-                    own_timing: bool = True) -> SpecRequest:
-        """A step-wise request over token ids (see `engine.SpecRequest`): what the
+    def new_request(self, ids: list[int], sampling: SamplingParams,
+                    spec: SpecConfig) -> SpecRequest:
+        """A step-wise request over token ids (see `request.SpecRequest`): what the
         single-request loop and the serving scheduler both drive."""
         validate_prompt(self.target, ids, sampling)
         generator = make_generator(sampling.seed, self.target.device)
@@ -218,7 +219,7 @@ class Engine:
                       adaptive=spec.adaptive and spec.proposer != "none", weights=self.weights,
                       backend=self.backend_note)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
-                           own_timing=own_timing, constraint=self.constraint(sampling))
+                           constraint=self.constraint(sampling))
 
     def constraint(self, sampling: SamplingParams) -> Constraint | None:
         """The request's grammar state (verispec.grammar), compiled for this tokenizer."""

@@ -1,7 +1,8 @@
 """Per-request choice of the draft length k, so that speculation pays or stops.
 
-The engine builds one `AdaptiveK` per request, asks `choose(max_k)` before each
-proposal and reports the outcome with `observe(StepObservation(...))`. The
+A request's policy (verispec.plan.AdaptiveKPolicy) holds one `AdaptiveK`, asks
+`choose(max_k)` before each proposal and reports the outcome with
+`observe(StepObservation(...))`. The
 controller keeps two online estimates and picks the k that maximises expected
 tokens per second, E(k) / (T_draft(k) + T_verify(k + 1)); relative to plain
 decoding that is the seed's formula 9.3, E / (T_draft/T_decode + 1 + overhead*k).
@@ -56,7 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .acceptance import DepthAcceptance, Evidence
-from .economics import Choice, CostModel, best_draft
+from .cadence import Backoff, Explore
+from .economics import Choice, CostModel, StepCost, best_draft
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,6 @@ class StepObservation:
 class AdaptiveK:
     """Chooses k per step for one request; see the module docstring."""
 
-    nodes: int | None = None  # tree budget per step: None keeps the proposer's own (tree_policy)
-
     def __init__(self, cost: CostModel | None = None, *, max_depth: int = 32,
                  half_life: float = 16.0, cost_half_life: float = 64.0,
                  prior_alpha: float = 0.5, prior_strength: float = 1.0,
@@ -110,24 +110,22 @@ class AdaptiveK:
         self.cost = cost if cost is not None else CostModel(verify_overhead=0.02)
         self.max_depth = max_depth
         self._cost_gamma = 0.5 ** (1.0 / cost_half_life)
+        # The step-cost curve per width, the one the batch scheduler keeps (economics.StepCost).
+        self._curve = StepCost(self.cost, fused=True, half_life=cost_half_life)
         self._pooled = DepthAcceptance(max_depth, half_life, prior_alpha, prior_strength,
                                        pool_strength, change_window, change_p)
         self._estimate = (max_depth, half_life, pool_strength, change_window, change_p)
         self._prior_strength = prior_strength
         self._by_evidence: dict[int, DepthAcceptance] = {}
         self._evidence: int | None = None  # the evidence key of the step being decided
-        self.probe_k, self.probe_interval = probe_k, probe_interval
-        self.max_probe_interval = max_probe_interval
-        # Widths up to a 128-node tree plus its root, or a max_depth chain plus its root.
-        widths = max(max_depth + 1, 129)
-        self._rel = np.array([self.cost.relative_time(n) for n in range(1, widths + 1)])
-        self._verify_sum = np.zeros(widths)  # index n - 1: discounted seconds
-        self._verify_weight = np.zeros(widths)  # and discounted count
+        self.probe_k = probe_k
         self._warm = False  # a timed step has been seen (and skipped)
         self._draft_sum = 0.0  # discounted draft seconds
         self._draft_tokens = 0.0  # discounted requested draft tokens
-        self._interval, self._idle, self._probing = probe_interval, 0, False
-        self.explore_every, self._spec_steps = explore_every, 0
+        # Probes at k = 0: steps between them back off while they fail (cadence.Backoff).
+        self._probe = Backoff(probe_interval, max_probe_interval)
+        self._idle, self._probing = 0, False
+        self._explore = Explore(explore_every)  # counts speculative steps
         self.probes = 0  # probe steps issued
 
     @property
@@ -156,20 +154,20 @@ class AdaptiveK:
         scheduler that chooses k itself calls this; `choose` does it for a request."""
         self._evidence = evidence.key if evidence is not None else None
         if evidence is not None and evidence.key not in self._by_evidence:
-            max_depth, half_life, pool, window, p = self._estimate
-            self._by_evidence[evidence.key] = DepthAcceptance(
-                max_depth, half_life, evidence.prior_alpha, self._prior_strength, pool, window, p)
+            self._by_evidence[evidence.key] = self.new_estimate(evidence.prior_alpha,
+                                                                self._prior_strength)
         return self.evidence_alphas(evidence)
 
-    def step_seconds(self, max_k: int) -> np.ndarray:
-        """Predicted seconds of one pass for k = 0..max_k (T(1) units before any timing).
+    def new_estimate(self, prior_alpha: float, prior_strength: float) -> DepthAcceptance:
+        """A per-depth acceptance estimate with this controller's forgetting and resets,
+        from its own prior (an evidence key's; a tree budget's, tree_policy)."""
+        max_depth, half_life, pool, window, p = self._estimate
+        return DepthAcceptance(max_depth, half_life, prior_alpha, prior_strength, pool, window, p)
 
-        A measured width n uses its own discounted mean. Elsewhere the prior's
-        shape T(n)/T(1) is rescaled by the measured/prior ratio at the nearest
-        measured widths (linear in between, flat beyond), so a prior that is off
-        in scale or in slope is corrected where the controller has been and only
-        extrapolated a short way where it has not.
-        """
+    def step_seconds(self, max_k: int) -> np.ndarray:
+        """Predicted seconds of one pass for k = 0..max_k (T(1) units before any timing):
+        the request's step-cost curve (economics.StepCost: measured widths, the prior's
+        shape rescaled between them, convex beyond) plus the draft seconds per token."""
         verify = self._verify_prediction(max_k + 1)
         return verify + self._draft_per_token(verify[0]) * np.arange(max_k + 1)
 
@@ -184,11 +182,8 @@ class AdaptiveK:
         return (self._draft_sum + self.cost.draft_cost * t1) / (self._draft_tokens + 1.0)
 
     def _verify_prediction(self, widths: int) -> np.ndarray:
-        seen = np.flatnonzero(self._verify_weight > 0)
-        if not seen.size:
-            return self._rel[:widths].copy()
-        ratio = self._verify_sum[seen] / self._verify_weight[seen] / self._rel[seen]
-        return self._rel[:widths] * np.interp(np.arange(widths), seen, ratio)
+        """Seconds of a forward over n = 1..widths positions, at index n - 1."""
+        return self._curve.table(widths)[1:]
 
     def best(self, max_k: int, evidence: Evidence | None = None) -> Choice:
         """The rate-maximising k in 0..min(max_k, max_depth), without exploration."""
@@ -206,18 +201,15 @@ class AdaptiveK:
             return 0
         best = self.best(max_k, evidence)
         if best.k > 0:
-            self._interval, self._idle, self._probing = self.probe_interval, 0, False
-            self._spec_steps += 1
-            if self._spec_steps % self.explore_every:
+            self._probe.reset()
+            self._idle, self._probing = 0, False
+            turn = self._explore.tick()
+            if turn is None:
                 return best.k
-            # Costs and acceptance beyond the argmax are extrapolated, and a
-            # pessimistic extrapolation would never be corrected: try a
-            # neighbour now and then, alternately deeper and shallower. Near
-            # the optimum the rate curve is flat, so this costs little.
-            up = self._spec_steps % (2 * self.explore_every) == 0
-            return min(best.k + 1, max_k, self.max_depth) if up else best.k - 1
+            # A neighbour now and then (cadence.Explore), alternately deeper and shallower.
+            return min(best.k + 1, max_k, self.max_depth) if turn % 2 == 0 else best.k - 1
         self._idle += 1
-        if self._idle < self._interval:
+        if self._idle < self._probe.interval:
             return 0
         self._idle, self._probing = 0, True
         self.probes += 1
@@ -228,9 +220,10 @@ class AdaptiveK:
         if self._probing:
             # Back off only while probes keep failing; an accepted draft may
             # be the start of a new regime, so look again soon.
-            failed = obs.accepted == 0
-            self._interval = min(2 * self._interval, self.max_probe_interval) \
-                if failed else self.probe_interval
+            if obs.accepted == 0:
+                self._probe.longer()
+            else:
+                self._probe.reset()
             self._probing = False
         self._accept(obs.drafted, obs.accepted)
         self._time(obs)
@@ -241,10 +234,6 @@ class AdaptiveK:
         observation, so a short request does not spend its first steps learning what
         the server already knows."""
         self._pooled.seed(alpha, strength)
-
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
-        """Acceptance evidence alone (a tree budget's own estimate, tree_policy)."""
-        self._accept(drafted, accepted)
 
     def observe_timing(self, obs: StepObservation) -> None:
         """Timings alone: a step whose acceptance belongs to another estimate."""
@@ -262,22 +251,13 @@ class AdaptiveK:
     def _time(self, obs: StepObservation) -> None:
         n = obs.positions
         # A zero reading is an untimed step (a stub clock), not a free forward.
-        if not obs.verify_seconds or n > self._verify_sum.size:
+        if not obs.verify_seconds:
             return
         if not self._warm:
             self._warm = True  # a request's first timed step may carry warm-up
             return
-        # Clip one-off stalls (a new kernel shape, GC) to a few times the
-        # prediction: a width's mean only moves when that width is chosen
-        # again, so one slow step must not price it out for good.
-        verify = self._verify_prediction(n)
-        per_token = self._draft_per_token(verify[0])
-        timed = self._verify_weight.any()
-        self._verify_sum *= self._cost_gamma
-        self._verify_weight *= self._cost_gamma
-        self._verify_sum[n - 1] += min(obs.verify_seconds, 4.0 * verify[-1]) if timed \
-            else obs.verify_seconds
-        self._verify_weight[n - 1] += 1.0
+        per_token = self._draft_per_token(float(self._verify_prediction(1)[0]))
+        self._curve.observe([n], obs.verify_seconds)  # clips one-off stalls itself
         if obs.draft_seconds is not None and obs.k_requested > 0:
             # Per requested token: the request is what the controller chooses,
             # and a proposer spends its time even when it finds nothing.

@@ -12,8 +12,8 @@ et al. 2023, eq. 1) with per-depth acceptance measured per budget, since a
 wider tree holds more of the target's likely continuations at every depth
 (SpecInfer, Miao et al. 2023; EAGLE-2, Li et al. 2024).
 
-Each candidate budget keeps its own censored per-depth estimate (an `AdaptiveK`
-used only for its acceptance counts); a budget never tried borrows the chain's
+Each candidate budget keeps its own censored per-depth estimate (a
+`DepthAcceptance` with the chain's forgetting, `AdaptiveK.new_estimate`); a budget never tried borrows the chain's
 estimate, a lower bound, since a tree's paths include the draft's first choice
 at every depth. Every `explore_every`-th step verifies a budget next to the
 best one (the less tried of the two) instead, so an estimate that looks poor
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cadence import Explore
 from .economics import tokens_per_pass
 from .policy import AdaptiveK, StepObservation
 
@@ -48,12 +49,11 @@ class AdaptiveTree:
             raise ValueError("AdaptiveTree needs max_nodes >= 1 and explore_every >= 2")
         self.chain = chain
         self.budgets = tuple(sorted({b for b in budgets if b < max_nodes} | {max_nodes}))
-        self.arms = {b: AdaptiveK(chain.cost, max_depth=chain.max_depth,
-                                  prior_strength=1e-6) for b in self.budgets}
+        # A near-zero prior: an arm reads the chain's estimate until it is tried.
+        self.arms = {b: chain.new_estimate(0.5, 1e-6) for b in self.budgets}
         self.tried = {b: 0 for b in self.budgets}
-        self.explore_every = explore_every
-        self._steps = 0
-        self.nodes = 0  # the budget of the step being drafted; 0 = chain (read by the engine)
+        self._explore = Explore(explore_every)  # counts steps that may draft
+        self.nodes = 0  # the budget `choose` picked with its depth; 0 = chain
 
     @property
     def alphas(self) -> np.ndarray:
@@ -93,16 +93,16 @@ class AdaptiveTree:
         if max_k <= 0:
             self.nodes = 0
             return 0
-        self._steps += 1
+        explore = self._explore.tick() is not None
         plan = self.plan(max_k)
         if plan.nodes == 0:
             # The chain's own controller keeps its probes and exploration.
             self.nodes = 0
             k = self.chain.choose(max_k)
-            if k == 0 or self._steps % self.explore_every:
+            if k == 0 or not explore:
                 return k
             plan = TreePlan(k, 0, 0.0)
-        elif self._steps % self.explore_every:
+        elif not explore:
             self.nodes = plan.nodes
             return plan.k
         # Exploration: the less tried of the plan's neighbouring budgets (the chain's
@@ -115,15 +115,16 @@ class AdaptiveTree:
         self.nodes = min(near, key=lambda b: (self.tried[b], b))
         return max(1, min(plan.k, self.nodes, max_k))
 
-    def observe(self, obs: StepObservation) -> None:
-        """A verified step; a tree step (obs.tree) verified a tree of budget `self.nodes`."""
+    def observe(self, obs: StepObservation, nodes: int | None = None) -> None:
+        """A verified step; a tree step (obs.tree) verified a tree of budget `nodes`
+        (the plan's; None: the one the last `choose` set)."""
         if not obs.tree:
             self.chain.observe(obs)
             return
-        # A scheduler-chosen step (no choose()) drafted the configured budget, the cap.
-        budget = self.nodes or self.budgets[-1]
+        # A step whose depth a scheduler chose drafted the configured budget, the cap.
+        budget = (self.nodes if nodes is None else nodes) or self.budgets[-1]
         self.tried[budget] += 1
-        self.arms[budget].observe_acceptance(obs.drafted, obs.accepted)
+        self.arms[budget].add(obs.drafted, obs.accepted)
         self.chain.observe_timing(obs)
 
     def observe_shadow(self, drafted: int, matched: int) -> None:

@@ -11,10 +11,10 @@ What remains is time, which this module models as T(n) = T(1) * (1 + c * (n - 1)
 for a forward over n positions, with c measured on the machine (`verispec
 profile`; the values the bench measured are in docs/notebook/rounds.md, round 6).
 
-The adaptive replay runs the real controller (`AdaptiveK` with the proposer's
-evidence and shadow guesses, as `SpecRequest` drives it) and feeds it the
-modelled step times, so its choices react to the same cost curve the static
-runs are scored with. `tests/test_bench.py` checks that a replayed static run
+The replay drives the engine's own policy through its interface (`plan`,
+`observe`: evidence, shadow guesses and all) with the real n-gram proposer, and
+feeds it the modelled step times, so its choices react to the same cost curve
+the static runs are scored with. `tests/test_bench.py` checks that a replayed static run
 commits exactly what the engine commits.
 
     python -m verispec.bench.replay --workload all --limit 6 --max-new-tokens 160 \\
@@ -27,8 +27,10 @@ import statistics
 from dataclasses import dataclass
 
 from ..economics import CostModel
-from ..policy import AdaptiveK, StepObservation
-from ..proposers.ngram import NgramIndex, match_evidence
+from ..plan import AdaptiveKPolicy, FixedK, Outcome, PlanContext
+from ..policy import AdaptiveK
+from ..proposers.base import DraftContext
+from ..proposers.ngram import NgramProposer
 
 STATIC_KS = (1, 2, 4, 6, 8, 10)
 
@@ -50,35 +52,41 @@ def replay(prompt: list[int], output: list[int], slope: float, k: int | None,
            k_cap: int = 10, ngram: tuple[int, int] = (1, 4), keyed: bool = True) -> Replay:
     """Decode `output` again from `prompt` with n-gram drafts of length k (None:
     adaptive, capped at k_cap); a draft keeps its prefix that matches `output`.
-    `keyed` False hides the evidence from the controller (one pooled estimate)."""
-    controller = AdaptiveK(CostModel(verify_overhead=slope)) if k is None else None
+    `keyed` False hides the evidence from the controller (one pooled estimate).
+
+    The policy is the engine's own (verispec.plan: `FixedK`, or `AdaptiveKPolicy`
+    over `AdaptiveK`), planned and taught through its interface as `run_alone` does;
+    only the target is replaced, by `output`, and the clock, by the modelled T(n)."""
+    proposer = NgramProposer(*ngram, frozenset()) if keyed else _Unkeyed(*ngram, frozenset())
+    policy = FixedK(0) if k is not None else \
+        AdaptiveKPolicy(AdaptiveK(CostModel(verify_overhead=slope)), 0)
     tokens, done, passes, drafted, time = list(prompt), 0, 0, 0, 0.0
-    index = NgramIndex(*ngram)
     while done < len(output):
-        index.update(tokens)
-        # The bonus token needs one slot, as in SpecRequest.room().
-        room = min(k_cap if k is None else k, len(output) - done - 1)
-        want = room
-        if controller is not None and room > 0:
-            evidence = match_evidence(index.longest_match()) if keyed else None
-            want = controller.choose(room, evidence)
-        found = index.continuations(max(want, 1), 1)
-        guess = found[0] if found else []
-        draft = guess[:want]
+        ctx = DraftContext(tokens, len(prompt), tree_nodes=0)
+        # The bonus token needs one slot, as in Sequence.room().
+        plan = policy.plan(PlanContext(ctx, proposer),
+                           min(k_cap if k is None else k, len(output) - done - 1))
+        draft = proposer.propose(ctx, plan.k).tokens.tolist() if plan.k else []
+        shadow = proposer.propose(ctx, 1).tokens.tolist() if plan.shadow and not plan.k else []
         accepted = 0
         for token, actual in zip(draft, output[done:]):
             if token != actual:
                 break
             accepted += 1
         seconds = 1.0 + slope * len(draft)
-        if controller is not None:
-            controller.observe(StepObservation(want, len(draft), accepted, 0.0, seconds))
-            if want == 0 and guess:
-                controller.observe_shadow(1, int(guess[0] == output[done]))
+        policy.observe(plan, Outcome(len(draft), accepted, verify_seconds=seconds,
+                                     shadow=int(shadow[0] == output[done]) if shadow else None))
         tokens += output[done:done + accepted + 1]
         done += accepted + 1
         passes, drafted, time = passes + 1, drafted + len(draft), time + seconds
     return Replay(len(output), passes, drafted, time)
+
+
+class _Unkeyed(NgramProposer):
+    """n-gram lookup that keeps its evidence to itself: the controller pools every step."""
+
+    def evidence(self, ctx: DraftContext) -> None:
+        return None
 
 
 def _outputs(args) -> dict[str, list[tuple[list[int], list[int]]]]:

@@ -47,7 +47,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..acceptance import Evidence
+from ..acceptance import Evidence, Tally
+from ..cadence import Backoff
 from ..economics import chain_tokens
 from .base import (DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, VerifiedRows,
                    build, register)
@@ -60,39 +61,25 @@ KEY_PRIOR_STRENGTH = 2.0  # pseudo-outcomes a new key's counts start from, decay
 
 
 @dataclass
-class Tally:
-    """Discounted matched drafts over discounted first mismatches: alpha per token.
-    The start (1, 1) is a prior of alpha 0.5 that fades as outcomes arrive."""
-    accepted: float = 1.0
-    rejected: float = 1.0
-
-    @staticmethod
-    def seeded(alpha: float) -> "Tally":
-        return Tally(KEY_PRIOR_STRENGTH * alpha, KEY_PRIOR_STRENGTH * (1.0 - alpha))
-
-    def add(self, matched: int, missed: bool, decay: float) -> None:
-        self.accepted = decay * self.accepted + matched
-        self.rejected = decay * self.rejected + missed
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted / max(self.accepted + self.rejected, 1e-9)
-
-
-@dataclass
 class Track:
     """What `auto` knows about one candidate in this request."""
     proposer: Proposer
-    pooled: Tally = field(default_factory=Tally)  # every outcome (prior: alpha 0.5 until data)
+    pooled: Tally = field(default_factory=lambda: Tally(1.0, 1.0))  # every outcome (prior:
+    # alpha 0.5, fading as outcomes arrive)
     by_key: dict[int, Tally] = field(default_factory=dict)  # outcomes under each evidence key
     draft_seconds: float = 0.0  # per drafted token, running mean
     pending: list[list[int]] = field(default_factory=list)  # its last guess as root-to-leaf
     # paths (one for a chain), awaiting the verdict
     pending_key: int | None = None  # the evidence key the guess was made under
     chosen_steps: int = 0
-    interval: int = 8  # steps between probes while not chosen
+    backoff: Backoff = field(default_factory=lambda: Backoff(8, 64))  # steps between probes
+    # while not chosen
     next_probe: int = 0  # the step of its next probe
     held: HeldRows = field(default_factory=HeldRows)  # hidden rows of the steps it skipped
+
+    @property
+    def interval(self) -> int:
+        return self.backoff.interval
 
     @property
     def alpha(self) -> float:
@@ -119,8 +106,8 @@ class AutoProposer(Proposer):
             raise ValueError("auto needs at least one candidate proposer")
         if not 1 <= probe_every <= probe_max:
             raise ValueError(f"need 1 <= probe_every <= probe_max, got {probe_every}, {probe_max}")
-        self.tracks = {name: Track(p, interval=probe_every, next_probe=probe_every,
-                                   held=HeldRows(held_rows))
+        self.tracks = {name: Track(p, backoff=Backoff(probe_every, probe_max),
+                                   next_probe=probe_every, held=HeldRows(held_rows))
                        for name, p in candidates.items()}
         self.hidden_layers = tuple(sorted({layer for p in candidates.values()
                                            for layer in p.hidden_layers}))
@@ -200,7 +187,7 @@ class AutoProposer(Proposer):
         # text changed character); choices that differ between keys are expected.
         if best != self._best_by_key.get(key, best):
             for track in self.tracks.values():
-                track.interval = self.probe_every
+                track.backoff.reset()
                 track.next_probe = min(track.next_probe, self._steps + self.probe_every)
         self._best_by_key[key] = best
         chosen = Proposal.empty()
@@ -213,8 +200,8 @@ class AutoProposer(Proposer):
             if probe:
                 # A probe that would not have won backs off; one that would have is
                 # chosen next step (its alpha rose), which resets the intervals.
-                track.next_probe = self._steps + track.interval
-                track.interval = min(2 * track.interval, self.probe_max)
+                track.next_probe = self._steps + track.backoff.interval
+                track.backoff.longer()
             want = lengths[name]
             start = time.perf_counter()
             caught_up = dataclasses.replace(ctx, target_hidden=track.held.release(ctx.target_hidden))
@@ -226,7 +213,8 @@ class AutoProposer(Proposer):
             track.pending = _paths(proposal)
             track.pending_key = key
             if evidence is not None and key not in track.by_key:
-                track.by_key[key] = Tally.seeded(track.prior(evidence, name == self._evidence_from))
+                track.by_key[key] = Tally.seeded(track.prior(evidence, name == self._evidence_from),
+                                                    KEY_PRIOR_STRENGTH)
             if name == best:
                 track.chosen_steps += 1
                 chosen = proposal if k > 0 else Proposal.empty()

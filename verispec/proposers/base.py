@@ -40,8 +40,8 @@ class DraftContext:
     num_prompt: int  # how many of `tokens` are the prompt
     target_hidden: tuple[torch.Tensor, ...] = ()  # hidden states of the last committed
     # positions, for proposers that read the target's features (EAGLE, Medusa)
-    tree_nodes: int | None = None  # this step's tree budget (`--tree auto`); 0 = a chain;
-    # None = the proposer's configured one (SpecConfig.tree)
+    tree_nodes: int | None = None  # this step's tree node budget, from its plan (0 = a
+    # chain); None only outside the engine: the proposer's configured one
 
     def tree_budget(self, configured: int) -> int:
         return configured if self.tree_nodes is None else min(self.tree_nodes, configured)

@@ -17,8 +17,9 @@ shrinks, and when the step is compute-bound it is 0 for everybody.
 T comes from the measured cost curve: the `verispec profile` shape T(n)/T(1)
 as prior (or, without a profile file, a few forwards timed when the scheduler
 starts: `calibrate`), rescaled online by the step times actually observed at
-each width (as `policy.AdaptiveK` does for one request), so a prior that is
-off in scale or slope is corrected where the scheduler has been. The table is
+each width (`economics.StepCost`, the one curve `policy.AdaptiveK` keeps for one
+request too), so a prior that is off in scale or slope is corrected where the
+scheduler has been. The table is
 kept non-decreasing in the width: a noisy dip must not make a wider step look
 cheaper than a narrower one, or the allocator would chase the noise.
 
@@ -32,92 +33,17 @@ which makes each request's choice independent of the others.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ..economics import CostModel, accepted_per_pass, depths
+from ..economics import CostModel, StepCost, accepted_per_pass, depths
 
 # Dense just past 16: AMX tiles hold 16 rows, and the step after a full tile of decode
 # rows costs a jump that a line through wider widths misses (docs/notebook/rounds.md,
 # serving round 6), so the first drafts past a tile must be priced from measurements.
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 17, 18, 20, 24, 32, 40, 48, 64, 96, 128)
-
-
-class StepCost:
-    """Predicted seconds of one batched forward, from a prior shape and observed steps."""
-
-    def __init__(self, prior: CostModel | None = None, fused: bool = True,
-                 half_life: float = 64.0) -> None:
-        # Without a profile assume a nearly flat curve; the first measured widths correct it.
-        self.prior = prior if prior is not None else CostModel(verify_overhead=0.02)
-        self.fused = fused
-        self._gamma = 0.5 ** (1.0 / half_life)
-        self._rel = np.zeros(0)
-        self._sum = np.zeros(0)  # index w - 1: discounted seconds observed at width w
-        self._weight = np.zeros(0)  # and the discounted count
-
-    @property
-    def timed(self) -> bool:
-        """Whether predictions are in seconds (some step was measured) or in T(1) units."""
-        return bool(self._weight.any())
-
-    def _grow(self, width: int) -> None:
-        if width <= self._rel.size:
-            return
-        size = max(width, 2 * self._rel.size, 64)
-        self._rel = np.array([self.prior.relative_time(n) for n in range(1, size + 1)])
-        pad = size - self._sum.size
-        self._sum = np.concatenate([self._sum, np.zeros(pad)])
-        self._weight = np.concatenate([self._weight, np.zeros(pad)])
-
-    def table(self, max_width: int) -> np.ndarray:
-        """Predicted seconds of one forward over w positions, at index w, for w = 0..max_width
-        (index 0 is 0). A measured width uses its discounted mean; between measured widths
-        the prior's shape is rescaled by the interpolated measured/prior ratio. Beyond the
-        widest measured one, the curve grows at least as fast as the last measured slope:
-        step time is convex in the width (flat while memory-bound, then linear), so a flat
-        prior must not make unmeasured widths look free."""
-        self._grow(max(max_width, 1))
-        rel = self._rel[:max_width]
-        seen = np.flatnonzero(self._weight > 0)
-        if seen.size:
-            means = self._sum[seen] / self._weight[seen]
-            rel = rel * np.interp(np.arange(max_width), seen, means / self._rel[seen])
-            if seen.size >= 2 and max_width > seen[-1] + 1:
-                slope = max(0.0, (means[-1] - means[-2]) / (seen[-1] - seen[-2]))
-                beyond = np.arange(seen[-1] + 1, max_width)
-                rel[beyond] = np.maximum(rel[beyond], means[-1] + slope * (beyond - seen[-1]))
-        return np.concatenate([[0.0], np.maximum.accumulate(rel)])
-
-    def predict(self, widths: Sequence[int]) -> float:
-        table = self.table(max(sum(widths), 1))
-        return float(table[sum(widths)] if self.fused else sum(table[w] for w in widths))
-
-    def observe(self, widths: Sequence[int], seconds: float) -> None:
-        """Record one measured `forward_batch` over items of these widths."""
-        if not widths or not (seconds > 0.0 and math.isfinite(seconds)):
-            return
-        total = sum(widths)
-        self._grow(total)
-        predicted = self.predict(widths)
-        if self.timed:
-            # One-off stalls (a new kernel shape, GC) must not price a width out
-            # for good: its mean moves only when that width is run again.
-            seconds = min(seconds, 4.0 * predicted)
-        self._sum *= self._gamma
-        self._weight *= self._gamma
-        if self.fused:
-            self._sum[total - 1] += seconds
-            self._weight[total - 1] += 1.0
-            return
-        # Sequential items: split the step time by the prior's shape.
-        shares = np.array([self._rel[w - 1] for w in widths])
-        for w, share in zip(widths, seconds * shares / shares.sum()):
-            self._sum[w - 1] += share
-            self._weight[w - 1] += 1.0
 
 
 def calibrate(target, widths: Sequence[int] = CALIBRATION_WIDTHS, context: int = 64,

@@ -37,16 +37,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..cadence import Backoff
+
 
 @dataclass
 class _Level:
     """One load level's measurements and the state of its current window."""
     rate: dict[bool, tuple[float, float]]  # mode -> discounted (tokens, seconds) over probes
+    backoff: Backoff  # leader windows between probes
     probing: bool = True  # the current window alternates the modes (the first one does)
     leader: bool = True  # the mode of a window that is not a probe (True: on)
     steps: int = 0  # measured steps into the current window
     windows: int = 0  # leader windows since the last probe
-    interval: int = 1  # leader windows between probes
     tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
 
@@ -99,7 +101,7 @@ class SpeculationGuard:
         state.steps = 0
         if not state.probing:
             state.windows += 1
-            state.probing = state.windows >= state.interval
+            state.probing = state.windows >= state.backoff.interval
             return
         before = self._leader(state)
         ratio = ((state.tokens[True] / state.seconds[True])
@@ -116,7 +118,10 @@ class SpeculationGuard:
         # lands on either side of it by noise, and must not keep the probes frequent.
         contrary = ratio < 1.0 if before else ratio > 1.0 + 2.0 * self.edge
         steady = before is not None and state.leader == before and not contrary
-        state.interval = min(2 * state.interval, self.max_interval) if steady else self.min_interval
+        if steady:
+            state.backoff.longer()
+        else:
+            state.backoff.reset()
         state.probing, state.windows = False, 0
 
     def _leader(self, state: _Level) -> bool | None:
@@ -130,5 +135,5 @@ class SpeculationGuard:
         key = self.level(decoding)
         if key not in self._levels:
             self._levels[key] = _Level({True: (0.0, 0.0), False: (0.0, 0.0)},
-                                       interval=self.min_interval)
+                                       Backoff(self.min_interval, self.max_interval))
         return self._levels[key]

@@ -1,15 +1,17 @@
 """Continuous batching of speculative requests.
 
 One thread owns the model. Each step it admits queued requests into the
-running batch (up to `max_num_seqs`), chooses every request's draft length for
-this step (`cost.allocate`: speculation yields to load, checked against the
-realized rate by `guard.SpeculationGuard`), asks each request to
+running batch (up to `max_num_seqs`), asks every decoding request for a quote
+(`SpecRequest.quote`: its room, acceptance per depth and draft price, from its
+policy, verispec.plan), chooses every request's draft length for this step
+(`cost.allocate`: speculation yields to load, checked against the realized rate
+by `guard.SpeculationGuard`), hands each request its plan (`Quote.plan(k)`) to
 `prepare` its forward, runs ONE `target.forward_batch` over all of them, and
 hands each output back to its request's `complete`. Requests join and leave
 only at these step boundaries.
 
 Isolation: a request owns its KV cache, generator, proposer, stopper and
-controller, and `forward_batch` promises that item i's output equals what
+policy, and `forward_batch` promises that item i's output equals what
 `forward(item i)` alone returns, so a request's output (greedy tokens, or the
 sampled stream for a given seed) does not depend on what shares its batch.
 
@@ -28,10 +30,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..acceptance import Tally
+from ..cadence import Explore
 from ..economics import CostModel
 from ..config import SamplingParams, SpecConfig
-from ..engine import SpecRequest
 from ..metrics import Stats, StepRecord
+from ..plan import Plan
+from ..request import SpecRequest
 from ..models.base import TargetModel
 from .cost import Candidate, StepCost, allocate, calibrate
 from .guard import SpeculationGuard
@@ -104,15 +109,9 @@ class Ticket:
 
 @dataclass(eq=False)
 class _Slot:
-    """A running request and what the scheduler learns about it."""
+    """A running request and its ticket."""
     ticket: Ticket
     request: SpecRequest
-    draft_seconds: float = 0.0  # discounted seconds spent proposing
-    draft_tokens: float = 0.0  # discounted draft tokens requested
-
-    @property
-    def seconds_per_draft(self) -> float | None:
-        return self.draft_seconds / self.draft_tokens if self.draft_tokens else None
 
 
 RequestFactory = Callable[[list[int], SamplingParams, SpecConfig], SpecRequest]
@@ -122,8 +121,7 @@ class Scheduler:
     def __init__(self, target: TargetModel, build: RequestFactory,
                  config: SchedulerConfig | None = None,
                  metrics: ServingMetrics | None = None) -> None:
-        """`build(ids, sampling, spec)` makes a step-wise request, e.g.
-        `lambda *a: engine.new_request(*a, own_timing=False)`."""
+        """`build(ids, sampling, spec)` makes a step-wise request, e.g. `engine.new_request`."""
         self.target = target
         self.build = build
         self.config = config or SchedulerConfig()
@@ -141,16 +139,15 @@ class Scheduler:
         self._stop = False
         self._admitting = 0  # popped from the queue, not yet running: counted as busy
         self._stepping = False  # a step is in flight (its end may already have emptied the batch)
-        self._steps = 0
+        self._explore = Explore(self.config.explore_every)  # counts every step
         self._guarded = 0  # decoding requests of this step if the guard's answer mattered, else 0
-        self._guard_held = False  # the guard kept this step's adaptive requests from drafting
         self._guard_measured = False  # this step decodes only: its time is the guard's sample
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         # Per proposer: discounted accepted drafts and first rejections of finished requests.
         # A new adaptive request starts from their ratio rather than from a blind prior:
         # at 16 streams of short requests, each one learning alpha from 0.5 on its own
         # drafted enough in its first steps to cost the batch several percent.
-        self._pooled: dict[str, tuple[float, float]] = {}
+        self._pooled: dict[str, Tally] = {}
         self._thread = threading.Thread(target=self._loop, name="verispec-scheduler", daemon=True)
         self._thread.start()
 
@@ -249,8 +246,8 @@ class Scheduler:
             self._admitting -= 1
             if request is not None:
                 pooled = self._pooled.get(ticket.spec.proposer)
-                if request.controller is not None and pooled and sum(pooled) >= 1.0:
-                    request.controller.seed(pooled[0] / sum(pooled), self.config.pool_strength)
+                if request.policy.adaptive and pooled and pooled.count >= 1.0:
+                    request.policy.seed(pooled.alpha, self.config.pool_strength)
                 self.metrics.admitted(len(ticket.ids))
                 self._caches.add(request.cache)
                 self._running.append(_Slot(ticket, request))
@@ -264,58 +261,45 @@ class Scheduler:
         for slot in [s for s in self._running if s.ticket.cancelled]:
             self._end(slot, Failure("cancelled", "cancelled by the client"))
 
-    def _choose_ks(self, slots: list[_Slot]) -> list[int]:
-        self._steps += 1
+    def _plans(self, slots: list[_Slot]) -> list[Plan | None]:
+        """Every running request's plan for this step; None for a prefill."""
+        turn = self._explore.tick()
         decoding = sum(slot.request.prefilled for slot in slots)
-        adaptive = any(s.request.prefilled and s.request.controller is not None and s.request.room()
+        adaptive = any(s.request.prefilled and s.request.policy.adaptive and s.request.room()
                        for s in slots)
         # Only steps where the guard's answer changes something measure its two modes.
         self._guarded = decoding if adaptive else 0
         self._guard_measured = decoding == len(slots)  # a prefill's cost would swamp the drafts'
-        self._guard_held = bool(self.guard is not None and adaptive
-                                and not self.guard.allow(decoding))
-        if self._guard_held:
+        if self.guard is not None and adaptive and not self.guard.allow(decoding):
             # Speculation is not paying at this load: adaptive requests decode plainly, and
             # skip the allocator and their shadow drafts, whose host time is then pure cost.
             self.metrics.held_by_guard()
-            return [s.request.room() if s.request.prefilled and s.request.controller is None else 0
+            return [s.request.policy.plain(s.request.room()) if s.request.prefilled else None
                     for s in slots]
-        candidates = []
-        for slot in slots:
-            r = slot.request
-            if not r.prefilled:
-                candidates.append(Candidate(max(0, len(r.tokens) - 1), 0, (0.0,), decoding=False))
-                continue
-            fixed = r.controller is None
-            if fixed:
-                # Only for the rate estimate: fixed requests draft what they asked for.
-                drafted = r.stats.drafted
-                alphas = (r.stats.accepted / drafted if drafted else 0.5,)
-            else:
-                alphas = r.next_alphas()
-            candidates.append(Candidate(1, r.room(), alphas, fixed, slot.seconds_per_draft))
+        quotes = [s.request.quote() if s.request.prefilled else None for s in slots]
+        candidates = [Candidate(1, q.room, q.alphas, q.fixed, q.draft_seconds) if q is not None
+                      else Candidate(max(0, len(s.request.tokens) - 1), 0, (0.0,), decoding=False)
+                      for s, q in zip(slots, quotes)]
         ks = list(allocate(candidates, self.cost, self.config.margin))
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
-        every = self.config.explore_every
-        if every and movable and self._steps % every == 0:
+        if turn is not None and movable:
             # Step times are measured only at the widths the allocator picks, and a wrong
             # extrapolation elsewhere would never be corrected: now and then one request
             # drafts one more, or one fewer, so the widths next to the chosen one are
             # measured too. The rate is flat near its optimum, so this costs little.
-            turn = self._steps // every
             i = movable[turn % len(movable)]
             up = (turn // len(movable)) % 2 == 0 or ks[i] == 0
             ks[i] = min(ks[i] + 1, candidates[i].k_cap) if up else ks[i] - 1
-        return ks
+        return [q.plan(k) if q is not None else None for q, k in zip(quotes, ks)]
 
     def _step(self) -> None:
         started = time.perf_counter()
         slots = list(self._running)
-        ks = self._choose_ks(slots)
+        plans = self._plans(slots)
         items, live = [], []
-        for slot, k in zip(slots, ks):
+        for slot, plan in zip(slots, plans):
             try:
-                items.append(slot.request.prepare(k, allow_shadow=not self._guard_held))
+                items.append(slot.request.prepare(plan))
                 live.append(slot)
             except Exception as exc:
                 self._end_locked(slot, Failure("error", f"{type(exc).__name__}: {exc}"))
@@ -334,7 +318,6 @@ class Scheduler:
         decode_ks = []
         for slot, out in zip(live, outputs):
             request = slot.request
-            draft_before = request.stats.time_draft
             try:
                 step = request.complete(out, seconds)
             except Exception as exc:
@@ -342,15 +325,12 @@ class Scheduler:
                 continue
             if step is None:  # the prefill commits nothing
                 continue
-            record = request.stats.steps[-1]
+            record = step.record
             decode_ks.append(record.k)
-            if record.k:
-                slot.draft_seconds = 0.9 * slot.draft_seconds + request.stats.time_draft - draft_before
-                slot.draft_tokens = 0.9 * slot.draft_tokens + record.k
             emitted, drafted = emitted + record.emitted, drafted + record.drafted
             accepted += record.accepted
             self._deliver(slot.ticket, Progress(step.tokens, step.finish_reason, request.stats, record,
-                                                    step.logprobs))
+                                                step.logprobs))
             if request.finished:
                 self._end_locked(slot, None)
         # The cost of a width is the forward plus verifying its rows on the host: per
@@ -372,7 +352,7 @@ class Scheduler:
             self._running.remove(slot)
         stats = slot.request.stats
         if not slot.ticket.spec.tree:  # tree steps count nodes, not chain outcomes
-            self._pool(slot.ticket.spec.proposer, stats)
+            self._pool(slot.ticket.spec.proposer, slot.request.policy.outcomes)
         slot.request.release()
         if failure is None:
             slot.ticket.done = True
@@ -380,17 +360,12 @@ class Scheduler:
         else:
             self._fail(slot.ticket, failure)
 
-    def _pool(self, proposer: str, stats: Stats, decay: float = 0.8) -> None:
-        """Fold a finished request's chain outcomes into its proposer's pooled estimate
-        (accepted drafts over accepted drafts plus first rejections: the censored
-        geometric estimate of per-token acceptance)."""
-        steps = [r for r in stats.steps if r.drafted]
-        if not steps:
-            return
-        accepted = sum(r.accepted for r in steps)
-        rejected = sum(r.accepted < r.drafted for r in steps)
-        old = self._pooled.get(proposer, (0.0, 0.0))
-        self._pooled[proposer] = (decay * old[0] + accepted, decay * old[1] + rejected)
+    def _pool(self, proposer: str, outcomes: Tally, decay: float = 0.8) -> None:
+        """Fold a finished request's chain outcomes (its policy's `outcomes`) into its
+        proposer's pooled estimate."""
+        if outcomes.count:
+            self._pooled.setdefault(proposer, Tally()).add(outcomes.accepted, outcomes.rejected,
+                                                           decay)
 
     def _fail(self, ticket: Ticket, failure: Failure) -> None:
         if ticket.done:

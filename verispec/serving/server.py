@@ -54,10 +54,7 @@ class ServerConfig:
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     """The ASGI app; its scheduler thread starts now and stops on shutdown."""
     metrics = ServingMetrics()
-    scheduler = Scheduler(
-        engine.target, lambda ids, sampling, spec: engine.new_request(ids, sampling, spec,
-                                                                      own_timing=False),
-        config.scheduler, metrics)
+    scheduler = Scheduler(engine.target, engine.new_request, config.scheduler, metrics)
     created = int(time.time())
     model_name = config.served_names[0]
 

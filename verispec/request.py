@@ -1,0 +1,181 @@
+"""One request's speculation, one target forward at a time, and the loop that
+runs it alone. The step, in order:
+
+    plan = policy.plan(ctx, room)            # how much to draft (verispec.plan)
+    drafted = drafter.draft(seq, plan)       # what to draft (verispec.drafting)
+    out = forward(feed(seq, drafted.draft))  # one target pass (verispec.engine)
+    committed = commit(seq, drafted.draft, out)   # verify, roll back, stop
+    policy.observe(plan, outcome)            # learn
+    record, yield
+
+`SpecRequest.prepare(plan)` / `complete(out)` split the same step around a forward
+that someone else runs, fused with other requests' (verispec.serving.scheduler):
+a request's state lives in the request and its own cache only.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from .config import SamplingParams, SpecConfig
+from .drafting import Drafted, Drafter
+from .engine import Committed, Step, commit, feed, new_sequence, prefill_item, prefilled
+from .grammar import Constraint
+from .metrics import Stats, StepRecord
+from .models.base import BatchItem, ForwardOutput, TargetModel
+from .plan import Outcome, Plan, PlanContext, Policy, Quote, policy_for
+from .proposers.base import Proposer
+from .stopping import Stopper
+
+
+class SpecRequest:
+    """A sequence (verispec.engine), its drafter and its policy, and its statistics.
+
+    Step-wise use: `while not r.finished: item = r.prepare(plan); out = <forward
+    item>; step = r.complete(out, seconds)`. `plan` None lets the request's own
+    policy plan; a batch allocator passes `r.quote().plan(k)`. `complete` returns
+    None after the prefill and a `Step` after every decode forward.
+    """
+
+    def __init__(self, target: TargetModel, prompt: list[int], sampling: SamplingParams,
+                 spec: SpecConfig, proposer: Proposer, stopper: Stopper,
+                 generator: torch.Generator, stats: Stats,
+                 constraint: Constraint | None = None, policy: Policy | None = None) -> None:
+        self.started = time.perf_counter()
+        self.spec, self.stats = spec, stats
+        self.seq = new_sequence(target, prompt, sampling, spec, stopper, generator, constraint,
+                                proposer.hidden_layers)
+        self.drafter = Drafter(proposer)
+        self.policy = policy if policy is not None else policy_for(spec)
+        self._pending: tuple[Plan, Drafted] | None = None
+        self._prefilling = False
+        stats.prompt_tokens = len(prompt)
+
+    # -- state, read-only for callers --------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.seq.finished
+
+    @property
+    def prefilled(self) -> bool:
+        return self.seq.prefilled
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.seq.tokens
+
+    @property
+    def cache(self):
+        return self.seq.cache
+
+    @property
+    def hidden(self) -> tuple[torch.Tensor, ...]:
+        return self.seq.hidden
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return self.seq.constraint
+
+    @property
+    def proposer(self) -> Proposer | None:
+        return self.drafter.proposer if self.drafter is not None else None
+
+    def room(self) -> int:
+        """The most draft tokens the next step may verify: the request's k within
+        max_new_tokens and the context; 0 for a proposer that never drafts."""
+        return self.seq.room(self.spec.k) if self.proposer.drafts else 0
+
+    def context(self) -> PlanContext:
+        return PlanContext(self.drafter.context(self.seq), self.proposer)
+
+    def plan(self) -> Plan:
+        return self.policy.plan(self.context(), self.room())
+
+    def quote(self) -> Quote:
+        """For a batch allocator: this request's next step, priced (adaptive requests
+        count the step's outcome under the evidence quoted)."""
+        return self.policy.quote(self.context(), self.room())
+
+    # -- one step around a forward someone else runs -------------------------
+    def prepare(self, plan: Plan | None = None) -> BatchItem:
+        """The arguments of this request's next target forward: the prefill, or the
+        drafts `plan` orders (None: the request's own policy plans)."""
+        if self.finished or self._pending is not None or self._prefilling or self.cache is None:
+            raise RuntimeError("prepare() needs a live request with no forward in flight")
+        if not self.seq.prefilled:
+            self._prefilling = True
+            return prefill_item(self.seq)
+        plan = plan if plan is not None else self.plan()
+        drafted = self.drafter.draft(self.seq, plan)
+        self._pending = (plan, drafted)
+        return feed(self.seq, drafted.draft)
+
+    def complete(self, out: ForwardOutput, forward_seconds: float = 0.0) -> Step | None:
+        """Consume the forward of the item `prepare` returned: None after the
+        prefill, else the tokens committed by this step."""
+        if self._prefilling:
+            self._prefilling = False
+            prefilled(self.seq, out)
+            self.stats.time_prefill = time.perf_counter() - self.started
+            return None
+        if self._pending is None:
+            raise RuntimeError("complete() without a prepared forward")
+        (plan, drafted), self._pending = self._pending, None
+        committed = commit(self.seq, drafted.draft, out, forward_seconds,
+                           rows=self.proposer.reads_rows)
+        self.drafter.after(self.seq, committed)
+        self.policy.observe(plan, outcome(drafted, committed))
+        return self.record(plan, drafted, committed)
+
+    def record(self, plan: Plan, drafted: Drafted, committed: Committed) -> Step:
+        stats = self.stats
+        stats.time_draft += drafted.seconds
+        stats.time_verify += committed.verify_seconds
+        record = StepRecord(self.proposer.active, plan.k, committed.drafted,
+                            committed.num_accepted, len(committed.tokens),
+                            plan.evidence.key if plan.evidence is not None else None,
+                            bonus=committed.bonus, rejected=tuple(committed.rejected))
+        stats.record(record)
+        stats.time_total = time.perf_counter() - self.started
+        if committed.finish_reason:
+            stats.finish_reason = committed.finish_reason
+        return Step(committed.tokens, committed.finish_reason, committed.logprobs, record,
+                    drafted.seconds)
+
+    def release(self) -> None:
+        """Drop the cache (and the proposer, which may own a draft cache) now,
+        rather than whenever the request object is collected."""
+        self.seq.cache = None
+        self._pending = None
+        self.drafter = None
+
+
+def outcome(drafted: Drafted, committed: Committed) -> Outcome:
+    return Outcome(committed.drafted, committed.num_accepted, drafted.draft.tree is not None,
+                   committed.leaf, drafted.seconds, committed.verify_seconds,
+                   drafted.shadow_matched(committed.tokens))
+
+
+def forward(target: TargetModel, item: BatchItem) -> ForwardOutput:
+    return target.forward(item.tokens, item.cache, positions=item.positions, mask=item.mask,
+                          num_logits=item.num_logits, hidden_layers=item.hidden_layers)
+
+
+def run_alone(target: TargetModel, request: SpecRequest) -> Iterator[Step]:
+    """Drive one request with one plain `target.forward` per step."""
+    seq, drafter, policy = request.seq, request.drafter, request.policy
+    if not seq.prefilled:
+        request.complete(forward(target, request.prepare()))
+    while not seq.finished:
+        plan = policy.plan(request.context(), request.room())
+        drafted = drafter.draft(seq, plan)
+        t0 = time.perf_counter()
+        out = forward(target, feed(seq, drafted.draft))
+        committed = commit(seq, drafted.draft, out, time.perf_counter() - t0,
+                           rows=drafter.proposer.reads_rows)
+        drafter.after(seq, committed)
+        policy.observe(plan, outcome(drafted, committed))
+        yield request.record(plan, drafted, committed)
+
