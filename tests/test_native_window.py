@@ -49,11 +49,9 @@ def test_window_layers_and_logits_match_transformers(tmp_path, kind):
 @pytest.mark.parametrize("kind", ["mistral", "qwen2", "phi3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("dtype, invariant", [(torch.bfloat16, False), (torch.float32, True)])
 def test_blocks_and_batches_past_the_window_are_bit_exact(tmp_path, kind, dtype, invariant):
-    if invariant and kind.startswith("gemma"):
-        with pytest.raises(ValueError, match="batch-invariant is not implemented for Gemma"):
-            _native(tmp_path, kind, dtype, batch_invariant=True)
-        return
     native = _native(tmp_path, kind, dtype, batch_invariant=invariant)
+    # Gemma too: one fused forward over every request (and one C++ call a layer in bf16).
+    assert native.fuses_batches and native._fused == (dtype == torch.bfloat16)
     _check_batch_invariance(native, context=20, max_block=6)
     items, contexts = _batch_items(native)  # contexts 0, 30, 17, 9 against a window of 8
     batched = native.forward_batch(items)
@@ -61,7 +59,7 @@ def test_blocks_and_batches_past_the_window_are_bit_exact(tmp_path, kind, dtype,
         assert torch.equal(b.logits, s.logits)
 
 
-@pytest.mark.parametrize("kind", ["mistral", "qwen2", "phi3"])  # Gemma always runs this path
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "phi3", "gemma2", "gemma3"])
 def test_without_kernels_the_window_holds(tmp_path, kind):
     native = _without_kernels(_native(tmp_path, kind))
     reference = _native(tmp_path, kind)
