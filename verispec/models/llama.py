@@ -33,13 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from ..kv_cache import StaticKVCache, WindowKVCache
+from ..kv_cache import MixedKVCache, StaticKVCache, WindowKVCache
 from .base import BatchItem, ForwardOutput, TargetModel
 from .llama_batch import BatchedRows
 from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, attend,
                               invariant_attend, rowwise_attend)
 from .llama_config import LlamaSpec, parse_config, rope_tables, rotate
-from .llama_window import forward_pieces, slots, window_mask
+from .llama_window import forward_pieces, local_rows, needs_pieces, slots
 from .llama_config import supports as _supports
 from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
                             read_config, read_eos_ids)
@@ -143,9 +143,13 @@ class NativeLlama(BatchedRows, TargetModel):
         # Batch-invariant attention reads whole key tiles, so the buffer ends on a tile edge.
         align = KEY_TILE if self.batch_invariant else 1
         window = self.spec.sliding_window
-        if self._sliding and all(self._sliding) and capacity > window - 1 + 2 * self.window_block:
-            return WindowKVCache(self.num_layers, self._kv_heads, self._head_dim, window,
-                                 self.window_block, self.dtype, self.device, align=align)
+        if self._sliding and capacity > window - 1 + 2 * self.window_block:
+            # Sliding layers keep only their window plus room for a block; full ones keep all.
+            if all(self._sliding):
+                return WindowKVCache(self.num_layers, self._kv_heads, self._head_dim, window,
+                                     self.window_block, self.dtype, self.device, align=align)
+            return MixedKVCache(self._sliding, self._kv_heads, self._head_dim, capacity, window,
+                                self.window_block, self.dtype, self.device, align=align)
         return StaticKVCache(self.num_layers, self._kv_heads, self._head_dim, capacity,
                              self.dtype, self.device, align=align)
 
@@ -196,7 +200,7 @@ class NativeLlama(BatchedRows, TargetModel):
         num_logits=None returns logits for all n positions, 0 for none (a prefill
         that needs no distribution skips the LM head).
         """
-        if isinstance(cache, WindowKVCache) and tokens.shape[0] > cache.block:
+        if needs_pieces(cache, tokens.shape[0]):
             return forward_pieces(self, tokens, cache, positions, mask, num_logits, hidden_layers)
         if self.row_kernels:
             return self.forward_batch([BatchItem(tokens, cache, positions, mask, num_logits,
@@ -266,19 +270,21 @@ class NativeLlama(BatchedRows, TargetModel):
         attn_mask = AttentionMask.build(mask, start, n, rows, groups, self.device,
                                         self.batch_invariant, rowwise=True)
         masks = [attn_mask] * self.num_layers
+        starts = [start] * self.num_layers  # slot of the first new row, per layer
         if self._sliding:
-            windowed = window_mask(self._arange, self.spec.sliding_window, start, n, positions,
-                                   mask, getattr(cache, "offset", 0))
-            local = AttentionMask.build(windowed, start, n, rows, groups, self.device,
-                                        self.batch_invariant, rowwise=True)
-            masks = [local if slides else attn_mask for slides in self._sliding]
+            local = local_rows(self._arange, self.spec.sliding_window, cache, start, n, positions,
+                               mask)
+            local_mask = AttentionMask.build(local.mask, local.start, n, rows, groups, self.device,
+                                             self.batch_invariant, rowwise=True)
+            masks = [local_mask if slides else attn_mask for slides in self._sliding]
+            starts = [local.start if slides else start for slides in self._sliding]
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
         wanted = set(hidden_layers)
         last = self.num_layers
         x, captured = self._through_layers(
             tokens, wanted,
             lambda index, layer, x: self._layer(layer, index, x, cache, cos, sin, masks[index],
-                                                start, n))
+                                                starts[index], n))
         x = x[:n]
         if last in wanted:
             x = self._norm(x, self.weights.norm)

@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from ..kv_cache import WindowKVCache
 from .base import BatchItem, ForwardOutput
 from .llama_attention import RowPlan
 from .llama_config import rotate
 from .llama_weights import LayerWeights
-from .llama_window import slots, window_mask
+from .llama_window import local_rows, needs_pieces, slots
 
 
 class BatchedRows:
@@ -38,8 +37,7 @@ class BatchedRows:
             raise ValueError("each item of a batch needs its own cache")
         for it in items:
             self._check(it.tokens, it.cache, it.positions, it.mask, it.num_logits, it.hidden_layers)
-        if any(isinstance(it.cache, WindowKVCache) and it.tokens.shape[0] > it.cache.block
-               for it in items):
+        if any(needs_pieces(it.cache, it.tokens.shape[0]) for it in items):
             return super().forward_batch(items)  # the long prefill goes in pieces
         starts: list[int] = []
         try:
@@ -65,18 +63,20 @@ class BatchedRows:
         tables = self._row_tables(positions)
         plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
         plans = [plan] * self.num_layers
+        layer_starts = [starts] * self.num_layers  # per layer, each request's first new slot
         if self._sliding:
-            local = RowPlan.build([(s, n, window_mask(self._arange, self.spec.sliding_window, s, n,
-                                                      it.positions, it.mask,
-                                                      getattr(it.cache, "offset", 0)))
-                                   for it, s, n in zip(items, starts, sizes)])
-            plans = [local if slides else plan for slides in self._sliding]
+            local = [local_rows(self._arange, self.spec.sliding_window, it.cache, s, n,
+                                it.positions, it.mask) for it, s, n in zip(items, starts, sizes)]
+            local_plan = RowPlan.build([(rows.start, n, rows.mask) for rows, n in zip(local, sizes)])
+            plans = [local_plan if slides else plan for slides in self._sliding]
+            local_starts = [rows.start for rows in local]
+            layer_starts = [local_starts if slides else starts for slides in self._sliding]
         wanted = set().union(*(it.hidden_layers for it in items))
         last = self.num_layers
         x, captured = self._through_layers(
             tokens, wanted,
-            lambda index, layer, x: self._row_layer(layer, index, x, items, starts, offsets,
-                                                    *tables[index], plans[index]))
+            lambda index, layer, x: self._row_layer(layer, index, x, items, layer_starts[index],
+                                                    offsets, *tables[index], plans[index]))
         counts = [n if it.num_logits is None else it.num_logits for it, n in zip(items, sizes)]
         head_rows = torch.cat([torch.arange(o + n - c, o + n) for o, n, c in zip(offsets, sizes, counts)])
         if last in wanted:
