@@ -42,7 +42,7 @@ def _reference(q, caches, row_cache, row_len, row_index=None):
 # relative) on top of float32 math.
 @pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-6), (torch.bfloat16, 2.0 ** -8)])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 16), (8, 8, 48),
-                                                       (4, 1, 128)])
+                                                       (4, 1, 128), (4, 1, 256)])
 def test_matches_reference(dtype, rel, heads, kv_heads, head_dim):
     caches = _caches(2, kv_heads, 100, head_dim, dtype)
     gen = torch.Generator().manual_seed(1)

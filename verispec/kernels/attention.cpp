@@ -39,7 +39,8 @@ using vs::kLanes;
 using vs::load_lanes;
 using vs::store_lanes;
 using vs::exp_lanes;
-constexpr int kMaxChunks = 8;  // head_dim <= 128
+constexpr int kMaxChunks = 8;  // head_dim <= 128, or exactly 256 (Gemma 2 and 3)
+constexpr int kWideChunks = 16;
 constexpr int kMaxGroups = 16;  // query heads per key/value head
 
 struct RowKeys {
@@ -247,7 +248,8 @@ void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t hea
         case 5: attend_rows<T, 5>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
         case 6: attend_rows<T, 6>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
         case 7: attend_rows<T, 7>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        default: attend_rows<T, 8>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 8: attend_rows<T, 8>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        default: attend_rows<T, kWideChunks>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
       }
     }
   });
@@ -259,8 +261,8 @@ void check_rows(int64_t rows, int64_t heads, int64_t head_dim, at::ScalarType dt
                 const std::vector<at::Tensor>& caches, const at::Tensor& row_cache,
                 const at::Tensor& row_len, const at::Tensor& index) {
   TORCH_CHECK(!caches.empty(), "attend: no caches");
-  TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kLanes * kMaxChunks,
-              "attend: head_dim must be a multiple of 16, at most 128");
+  TORCH_CHECK((head_dim % kLanes == 0 && head_dim <= kLanes * kMaxChunks) || head_dim == kLanes * kWideChunks,
+              "attend: head_dim must be a multiple of 16, at most 128, or 256");
   for (const at::Tensor& kv : caches) {
     TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2 && kv.size(3) == head_dim && kv.stride(3) == 1 &&
                     kv.scalar_type() == dtype,

@@ -83,7 +83,8 @@ class NativeLlama(BatchedRows, TargetModel):
         # of requests all give a position the same bits. Without it (no AVX-512/AMX,
         # or an odd head size) the SDPA paths below keep the old guarantees.
         self.row_kernels = (device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
-                            and spec.head_dim % 16 == 0 and spec.head_dim <= 128
+                            and spec.head_dim % 16 == 0
+                            and (spec.head_dim <= 128 or spec.head_dim == 256)
                             and groups <= 16 and kernels.available())
         self.fuses_batches = self.row_kernels
         # bf16 with a layer's matmuls each on one kernel pack: that layer is one C++
