@@ -85,14 +85,17 @@ def parse_gemma(config: dict) -> tuple[LlamaSpec, GemmaSpec]:
 
 
 class ScaledEmbedding(Embedding):
-    """Token rows times sqrt(hidden), the scale rounded to the model dtype as in HF."""
+    """Token rows times sqrt(hidden), the scale rounded to the model dtype as in HF;
+    the rows dense or, from a GGUF file, a kernel pack."""
 
-    def __init__(self, weight: torch.Tensor, scale: float) -> None:
-        super().__init__(weight)
-        self.scale = torch.tensor(scale).to(weight.dtype)
+    def __init__(self, weight: torch.Tensor | None, scale: float, packed: torch.Tensor | None = None,
+                 shape: tuple[int, int] | None = None, fmt: str = "bf16",
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(weight, packed, shape, fmt)
+        self.scale = torch.tensor(scale).to(dtype or weight.dtype)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight) * self.scale
+        return super().__call__(ids) * self.scale
 
 
 @dataclass

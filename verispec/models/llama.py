@@ -122,6 +122,12 @@ class NativeLlama(BatchedRows, TargetModel):
 
         device = torch.device(device)
         model = read_gguf(path, dtype, device, quant, quiet)
+        if model.gemma is not None:
+            from .gemma import NativeGemma
+
+            return NativeGemma(model.spec, model.gemma, model.weights, model.norms, dtype, device,
+                               model.eos_token_ids, name=f"native:{model.path.stem}",
+                               batch_invariant=batch_invariant, cache_limit=cache_limit)
         return cls(model.spec, model.weights, dtype, device, model.eos_token_ids,
                    name=f"native:{model.path.stem}", batch_invariant=batch_invariant,
                    cache_limit=cache_limit)

@@ -230,9 +230,9 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     backend lacks); weights="quant" then raises the reason instead."""
     from .. import kernels
     from .gguf_file import GGUFError, GGUFFile
+    from .gguf_arch import parse_arch
     from .gguf_weights import hf_config
     from .llama import NativeLlama
-    from .llama_config import parse_config
 
     gf = GGUFFile(gguf)  # GGUFError for a broken file, whatever `weights` says
     dev = resolve_device(device)
@@ -246,7 +246,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         reason = "verispec's CPU kernels are off on this machine (see the warning above)"
     else:
         try:
-            parse_config(hf_config(gf))
+            parse_arch(hf_config(gf))
         except GGUFError:
             raise
         except ValueError as exc:  # an architecture the native backend lacks
