@@ -5,6 +5,7 @@ dense, agree with transformers on those weights, speculate losslessly past their
 sliding windows, and tokenize with the file's own tokenizer and BOS rule."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -93,3 +94,33 @@ def test_file_tokenizer_and_bos_on_raw_text(tmp_path, arch):
     text = " ".join(TEXTS)
     want = dense.generate(engine.encode(text), fixed).token_ids
     assert engine.generate(text, fixed, SpecConfig("ngram", k=3)).token_ids == want
+    # --weights dense: transformers' conversion of the file (with the fields it
+    # leaves at defaults read as llama.cpp reads them) gives the reference's bits.
+    converted = Engine(str(path), dtype="fp32")
+    assert (converted.backend, converted.weights) == ("native", "dense")
+    assert converted.encode(text) == engine.encode(text)
+    reference32 = native_class(read_config(ref)).from_dir(ref, torch.float32)
+    tokens = torch.tensor(engine.encode(text) * 3)
+    assert torch.equal(converted.target.forward(tokens, converted.target.new_cache()).logits,
+                       reference32.forward(tokens, reference32.new_cache()).logits)
+
+
+def test_auto_backend_says_why_a_file_is_not_native(tmp_path, capsys):
+    """A Phi-3 file with LongRoPE factors: transformers' conversion drops them, so the
+    file's metadata decides; --backend auto runs HF and names the reason."""
+    write, vocab = gguf_bpe_writer(family_tokenizer("llama3"), add_bos=True)
+    shape = TinyShape(arch="phi3", vocab=vocab, window=WINDOW)
+
+    def longrope(writer):
+        write(writer)
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+            writer.add_tensor(name, np.ones(shape.head_dim // 2, dtype=np.float32))
+
+    path = write_tiny_gguf(tmp_path / "phi3-long.gguf", MIX, shape, seed=2, tokenizer=longrope,
+                           eos=None)
+    engine = Engine(str(path), dtype="bf16")
+    assert engine.backend == "hf"
+    out = engine.generate("Hello world", SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert "not native: the native backend does not implement Phi-3's LongRoPE" in out.stats.backend
+    with pytest.raises(ValueError, match="LongRoPE"):
+        Engine(str(path), backend="native")

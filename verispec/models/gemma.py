@@ -141,7 +141,10 @@ def load_gemma_weights(folder: Path, spec: LlamaSpec, dtype: torch.dtype,
             down=Linear(matrix(p + "mlp.down_proj.weight"))))
         norms.append(GemmaNorms(norm(p + "post_attention_layernorm.weight"),
                                 norm(p + "post_feedforward_layernorm.weight")))
-    embed = matrix("model.embed_tokens.weight")
+    # safetensors' save_model keeps one name of a tied pair, sometimes lm_head's
+    # (verispec's own GGUF conversion writes Gemma that way).
+    embed = matrix("model.embed_tokens.weight" if "model.embed_tokens.weight" in tensors
+                   else "lm_head.weight")
     weights = ModelWeights(embedding=ScaledEmbedding(embed, spec.hidden_size ** 0.5), layers=layers,
                            norm=norm("model.norm.weight"), lm_head=Linear(embed),
                            fingerprint_parts=parts, source=Path(folder))
