@@ -66,6 +66,7 @@ def test_quantized_file_equals_its_weights_dense_and_transformers(tmp_path, arch
     fixed = SamplingParams(max_new_tokens=24, ignore_eos=True)
     plain = engine.generate(prompt, fixed, SpecConfig("none")).token_ids
     for spec in (SpecConfig("ngram", k=4), SpecConfig("draft", draft="self:1", k=3),
+                 SpecConfig("draft", draft="quant:Q4_0", k=3),  # re-read from the file
                  SpecConfig("draft", draft="self:1", k=3, tree=8, tree_shape="topb", tree_branch=2)):
         assert engine.generate(prompt, fixed, spec).token_ids == plain, spec
     assert plain == Engine(dense).generate(prompt, fixed, SpecConfig("none")).token_ids

@@ -105,3 +105,22 @@ def test_batch_invariant_gemma_needs_the_kernels(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "available", lambda: False)
     with pytest.raises(ValueError, match="batch-invariant needs verispec's kernels"):
         _native(tmp_path, "gemma2", torch.float32, batch_invariant=True)
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3", "phi3"])
+def test_quantized_self_draft_is_lossless(tmp_path, kind):
+    """quant:FMT on Gemma and Phi-3 (fused q/k/v and gate/up in the checkpoint): the
+    target's own layers re-cast to GGUF blocks draft, past the window, losslessly."""
+    from test_sliding_window import PROMPT
+    from verispec import Engine, SamplingParams, SpecConfig
+
+    native = _native(tmp_path, kind, torch.bfloat16)
+    engine = Engine(native)
+    draft = engine.load_draft("quant:Q8_0")
+    assert type(draft) is type(native) and draft.weights_kind == "quant" and draft._fused
+    fixed = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    plain = engine.generate(PROMPT, fixed, SpecConfig("none")).token_ids
+    for name in ("quant:Q8_0", "quant:Q4_0:2"):
+        out = engine.generate(PROMPT, fixed, SpecConfig("draft", draft=name, k=4))
+        assert out.token_ids == plain, name
+        assert out.stats.accepted > 0

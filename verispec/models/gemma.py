@@ -185,19 +185,12 @@ class NativeGemma(NativeLlama):
                    name=f"native:{Path(str(name)).name or folder.name}",
                    batch_invariant=batch_invariant, cache_limit=cache_limit)
 
-    def truncated(self, num_layers: int) -> "NativeGemma":
-        if not 1 <= num_layers <= self.num_layers:
-            raise ValueError(
-                f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
-        draft = NativeGemma(self.spec, self.gemma, self.weights, self.norms, self.dtype,
-                            self.device, self.eos_token_ids, name=f"{self.name}[:{num_layers}]",
-                            num_layers=num_layers, batch_invariant=self.batch_invariant,
-                            cache_limit=self.cache_limit)
+    def _sibling(self, weights: ModelWeights, name: str, num_layers: int) -> "NativeGemma":
+        draft = NativeGemma(self.spec, self.gemma, weights, self.norms, self.dtype, self.device,
+                            self.eos_token_ids, name=name, num_layers=num_layers,
+                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
         draft.window_block = self.window_block
         return draft
-
-    def quantized_draft(self, fmt: str, num_layers: int | None = None):
-        raise ValueError("quantized self-drafts are not implemented for Gemma")
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return (F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_eps) * weight).to(x.dtype)

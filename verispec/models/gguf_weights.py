@@ -260,7 +260,8 @@ def gguf_name(hf_key: str) -> str:
         return fixed[hf_key]
     _, _, layer, rest = hf_key.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    part = {v: k for k, v in _HF_NAMES.items()}[module]
+    part = {v: k for k, v in _HF_NAMES.items()} | {"mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused
+    part = part[module]
     return f"blk.{layer}.{part}.{kind}"
 
 

@@ -166,11 +166,7 @@ class NativeLlama(BatchedRows, TargetModel):
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(
                 f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
-        draft = NativeLlama(self.spec, self.weights, self.dtype, self.device, self.eos_token_ids,
-                            name=f"{self.name}[:{num_layers}]", num_layers=num_layers,
-                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
-        draft.window_block = self.window_block
-        return draft
+        return self._sibling(self.weights, f"{self.name}[:{num_layers}]", num_layers)
 
     def quantized_draft(self, fmt: str, num_layers: int | None = None) -> "NativeLlama":
         """A self-draft: this model's first `num_layers` layers (all by default)
@@ -183,9 +179,14 @@ class NativeLlama(BatchedRows, TargetModel):
                              f"got {layers}")
         weights = quantized_draft_weights(self, fmt, layers)
         cut = f"[:{layers}]" if layers < self.num_layers else ""
+        return self._sibling(weights, f"{self.name}~{fmt}{cut}", layers)
+
+    def _sibling(self, weights: ModelWeights, name: str, num_layers: int) -> "NativeLlama":
+        """A model of this one's spec and settings over `weights` (a layer-skip or
+        quantized self-draft); subclasses with more state override it."""
         draft = NativeLlama(self.spec, weights, self.dtype, self.device, self.eos_token_ids,
-                            name=f"{self.name}~{fmt}{cut}", num_layers=layers,
-                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+                            name=name, num_layers=num_layers, batch_invariant=self.batch_invariant,
+                            cache_limit=self.cache_limit)
         draft.window_block = self.window_block
         return draft
 
