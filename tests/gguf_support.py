@@ -32,6 +32,7 @@ class TinyShape:
     # Llama 3.1 RoPE scaling: a rope_freqs tensor in the file (as llama.cpp's
     # converter writes it), rope_scaling "llama3" in the reference's config.
     llama3_rope: bool = False
+    window: int | None = None  # phi3, gemma2, gemma3: attention.sliding_window
 
     @property
     def head_dim(self) -> int:
@@ -79,8 +80,16 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
     writer.add_head_count(s.heads)
     writer.add_head_count_kv(s.kv_heads)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(GEMMA3_GLOBAL_BASE if s.arch == "gemma3" else 10000.0)
     writer.add_rope_dimension_count(s.head_dim)
+    if s.window:
+        writer.add_sliding_window(s.window)
+    if s.arch in GEMMAS:
+        writer.add_key_length(s.head_dim)
+        writer.add_value_length(s.head_dim)
+    if s.arch == "gemma2":
+        writer.add_attn_logit_softcapping(50.0)
+        writer.add_final_logit_softcapping(30.0)
     if s.llama3_rope:
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(s.head_dim))
     if eos is not None:
@@ -104,27 +113,50 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
 
     def vector(name: str, hf: str, n: int):
         values = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-        dense[hf] = torch.from_numpy(values.copy())
+        # llama.cpp's Gemma converter stores a norm weight w as 1 + w; transformers
+        # subtracts the 1 back (exact in float32 for values in [0.5, 2]).
+        dense[hf] = torch.from_numpy(values - np.float32(1.0) if s.arch in GEMMAS and "norm" in name
+                                     else values.copy())
         writer.add_tensor(name, values)
+
+    def fused(name: str, hf: str, kinds: list[str], rows: list[int], cols: int):
+        """Phi-3's attn_qkv / ffn_up: parts of one block type stacked by rows."""
+        raws = [random_blocks(types[kinds[0]], r, cols, rng) for r in rows]
+        raw = np.concatenate(raws)
+        dense[hf] = torch.from_numpy(np.array(gguf.quants.dequantize(raw, types[kinds[0]]).reshape(
+            sum(rows), cols), dtype=np.float32))
+        writer.add_tensor(name, raw, raw_dtype=types[kinds[0]])
 
     matrix("token_embd.weight", "model.embed_tokens.weight", "embed", s.vocab, s.hidden)
     for i in range(s.layers):
         p, h = f"blk.{i}.", f"model.layers.{i}."
         vector(p + "attn_norm.weight", h + "input_layernorm.weight", s.hidden)
-        for n, heads in (("q", s.heads), ("k", s.kv_heads), ("v", None)):
+        if s.arch == "phi3":
+            fused(p + "attn_qkv.weight", h + "self_attn.qkv_proj.weight", ["q", "k", "v"],
+                  list(qkv_out.values()), s.hidden)
+        for n, heads in (("q", s.heads), ("k", s.kv_heads), ("v", None)) if s.arch != "phi3" else ():
             matrix(p + f"attn_{n}.weight", h + f"self_attn.{n}_proj.weight", n, qkv_out[n], s.hidden, heads)
             if s.arch == "qwen2":
                 vector(p + f"attn_{n}.bias", h + f"self_attn.{n}_proj.bias", qkv_out[n])
-        if s.arch == "qwen3":
+        if s.arch in ("qwen3", "gemma3"):
             vector(p + "attn_q_norm.weight", h + "self_attn.q_norm.weight", s.head_dim)
             vector(p + "attn_k_norm.weight", h + "self_attn.k_norm.weight", s.head_dim)
         matrix(p + "attn_output.weight", h + "self_attn.o_proj.weight", "o", s.hidden, s.hidden)
-        vector(p + "ffn_norm.weight", h + "post_attention_layernorm.weight", s.hidden)
-        matrix(p + "ffn_gate.weight", h + "mlp.gate_proj.weight", "gate", s.intermediate, s.hidden)
-        matrix(p + "ffn_up.weight", h + "mlp.up_proj.weight", "up", s.intermediate, s.hidden)
+        if s.arch in GEMMAS:
+            vector(p + "post_attention_norm.weight", h + "post_attention_layernorm.weight", s.hidden)
+            vector(p + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight", s.hidden)
+            vector(p + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight", s.hidden)
+        else:
+            vector(p + "ffn_norm.weight", h + "post_attention_layernorm.weight", s.hidden)
+        if s.arch == "phi3":
+            fused(p + "ffn_up.weight", h + "mlp.gate_up_proj.weight", ["gate", "up"],
+                  [s.intermediate] * 2, s.hidden)
+        else:
+            matrix(p + "ffn_gate.weight", h + "mlp.gate_proj.weight", "gate", s.intermediate, s.hidden)
+            matrix(p + "ffn_up.weight", h + "mlp.up_proj.weight", "up", s.intermediate, s.hidden)
         matrix(p + "ffn_down.weight", h + "mlp.down_proj.weight", "down", s.hidden, s.intermediate)
     vector("output_norm.weight", "model.norm.weight", s.hidden)
-    if not s.tied:
+    if not s.tied and s.arch not in GEMMAS:  # Gemma ties its embeddings
         matrix("output.weight", "lm_head.weight", "head", s.vocab, s.hidden)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -134,6 +166,11 @@ def write_tiny_gguf(path: Path, types: dict[str, Q] | Q = Q.Q8_0, shape: TinySha
         _write_reference(reference, dense, s, eos)
     return path
 
+
+GEMMAS = ("gemma2", "gemma3")
+GEMMA3_GLOBAL_BASE = 1_000_000.0
+# The layers that slide, as llama.cpp derives them: i % pattern < pattern - 1.
+_PATTERN = {"gemma2": 2, "gemma3": 6}
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 32}
@@ -172,4 +209,23 @@ def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape,
               "eos_token_id": eos}
     if s.llama3_rope:
         config["rope_scaling"] = LLAMA3_ROPE
+    if s.window:
+        config["sliding_window"] = s.window
+    if s.arch in GEMMAS:
+        period = _PATTERN[s.arch]
+        config.update(model_type="gemma2" if s.arch == "gemma2" else "gemma3_text",
+                      hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=s.head_dim,
+                      tie_word_embeddings=True, pad_token_id=None, bos_token_id=None,
+                      layer_types=["sliding_attention" if i % period < period - 1 else "full_attention"
+                                   for i in range(s.layers)])
+        if s.arch == "gemma2":
+            config.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+        else:
+            config.update(final_logit_softcapping=None, attn_logit_softcapping=None,
+                          rope_parameters={"full_attention": {"rope_type": "default",
+                                                              "rope_theta": GEMMA3_GLOBAL_BASE},
+                                           "sliding_attention": {"rope_type": "default",
+                                                                 "rope_theta": 10000.0}})
+    if s.arch == "phi3":
+        config.update(pad_token_id=None, bos_token_id=None)
     (folder / "config.json").write_text(json.dumps(config))

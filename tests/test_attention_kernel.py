@@ -42,7 +42,7 @@ def _reference(q, caches, row_cache, row_len, row_index=None):
 # relative) on top of float32 math.
 @pytest.mark.parametrize("dtype, rel", [(torch.float32, 1e-6), (torch.bfloat16, 2.0 ** -8)])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (4, 2, 16), (8, 8, 48),
-                                                       (4, 1, 128)])
+                                                       (4, 1, 128), (4, 1, 256)])
 def test_matches_reference(dtype, rel, heads, kv_heads, head_dim):
     caches = _caches(2, kv_heads, 100, head_dim, dtype)
     gen = torch.Generator().manual_seed(1)
@@ -116,3 +116,31 @@ def test_bad_inputs_raise():
         kernels.attend(q, caches, zeros, torch.tensor([2, 3]), torch.tensor([[0, 10, 0], [-1, 0, 0]]))
     with pytest.raises(RuntimeError, match="dtype"):
         kernels.attend(q.bfloat16(), caches, zeros, torch.tensor([1, 3]))
+
+
+@pytest.mark.parametrize("softcap", [0.0, 3.0])
+def test_gemma_scale_and_soft_cap_match_reference(softcap):
+    """Gemma's query_pre_attn_scalar scale and Gemma 2's tanh soft-cap, in float32,
+    and a row's bits still independent of the rows around it."""
+    heads, kv_heads, head_dim, scale = 4, 2, 32, 0.3
+    caches = _caches(1, kv_heads, 40, head_dim, torch.float32, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(5, heads, head_dim, generator=gen) * 2
+    row_len = torch.tensor([1, 7, 16, 33, 40])
+    zeros = torch.zeros(5, dtype=torch.long)
+    out = kernels.attend(q, caches, zeros, row_len, scale=scale, softcap=softcap)
+    for r in range(5):
+        n = int(row_len[r])
+        k = caches[0][0][:, :n].repeat_interleave(2, 0)  # [heads, n, hd]
+        v = caches[0][1][:, :n].repeat_interleave(2, 0)
+        scores = (q[r][:, None] @ k.transpose(-1, -2)) * scale  # [heads, 1, n]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        want = (scores.softmax(-1) @ v).reshape(-1)
+        assert (out[r] - want).abs().max() < 1e-5
+        alone = kernels.attend(q[r:r + 1].contiguous(), caches, zeros[:1], row_len[r:r + 1],
+                               scale=scale, softcap=softcap)
+        assert torch.equal(alone[0], out[r])
+    if softcap:  # the cap is applied (scores here reach beyond +-3)
+        plain = kernels.attend(q, caches, zeros, row_len, scale=scale)
+        assert (plain - out).abs().max() > 1e-3

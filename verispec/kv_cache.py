@@ -149,3 +149,69 @@ class WindowKVCache(StaticKVCache):
         if start < self.offset:
             raise ValueError(f"compact start {start} is before the cached window ({self.offset})")
         super().compact(start - self.offset, keep.flatten().to(torch.long) - self.offset)
+
+
+class MixedKVCache:
+    """The cache of a model with both kinds of layer (Gemma 2/3's local and
+    global layers, Qwen2 from `max_window_layers` on, any model with some
+    sliding layers): the sliding layers in a WindowKVCache, bounded at
+    window - 1 + 2 * block positions, the full-attention layers in a
+    StaticKVCache of `capacity`, which they need since they see every position.
+
+    Positions, `length` and every argument are as for StaticKVCache. The global
+    layers' slot s holds position s (`offset` is 0); the local layers' slot s holds
+    position `local_offset` + s. `kv[i]` is layer i's [2, kv_heads, slots, head_dim]
+    buffer in its own coordinates. Invariant: both parts hold the same positions
+    from the local part's offset on; a rollback or block of up to `block` positions
+    finds every key its rows can see in either part.
+    """
+
+    offset = 0  # the coordinates of the global layers, and of every argument
+
+    def __init__(self, sliding: tuple[bool, ...], num_kv_heads: int, head_dim: int, capacity: int,
+                 window: int, block: int, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 align: int = 1) -> None:
+        if all(sliding) or not any(sliding):
+            raise ValueError("MixedKVCache needs both sliding and full-attention layers")
+        self.sliding = tuple(bool(s) for s in sliding)
+        self.full = StaticKVCache(self.sliding.count(False), num_kv_heads, head_dim, capacity,
+                                  dtype, device, align)
+        self.local = WindowKVCache(self.sliding.count(True), num_kv_heads, head_dim, window, block,
+                                   dtype, device, align)
+        self.window, self.block, self.capacity = self.local.window, self.local.block, self.full.capacity
+        local, full = iter(self.local.kv), iter(self.full.kv)
+        # Views: the local part shifts in place, so they stay valid.
+        self.kv = [next(local) if s else next(full) for s in self.sliding]
+
+    @property
+    def length(self) -> int:
+        return self.full.length
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.sliding)
+
+    @property
+    def local_offset(self) -> int:
+        return self.local.offset
+
+    def reserve(self, n: int) -> int:
+        start = self.full.reserve(n)
+        try:
+            self.local.reserve(n)
+        except BaseException:
+            self.full.truncate(start)
+            raise
+        return start
+
+    def truncate(self, length: int) -> None:
+        self.local.truncate(length)  # raises first on a rollback deeper than the local part holds
+        self.full.truncate(length)
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        self.local.compact(start, keep)
+        self.full.compact(start, keep)
+
+    def layer(self, index: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = self.kv[index][:, :, : end - (self.local_offset if self.sliding[index] else 0)]
+        return kv[0], kv[1]

@@ -137,12 +137,15 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
 
 
 def attend(q: torch.Tensor, caches: list[torch.Tensor], row_cache: torch.Tensor,
-           row_len: torch.Tensor, row_index: torch.Tensor | None = None) -> torch.Tensor:
+           row_len: torch.Tensor, row_index: torch.Tensor | None = None, scale: float = 0.0,
+           softcap: float = 0.0) -> torch.Tensor:
     """q [rows, heads, head_dim] (bf16 or float32, contiguous); caches: per request
     [2, kv_heads, capacity, head_dim]; row r sees keys [0, row_len[r]) of
     caches[row_cache[r]], or, when row_index[r, 0] >= 0, the cache indices
-    row_index[r, :row_len[r]] -> [rows, heads * head_dim]."""
-    return _require().attend(q, caches, row_cache, row_len, row_index)
+    row_index[r, :row_len[r]] -> [rows, heads * head_dim]. Scores are scaled by
+    `scale` (0: head_dim ** -0.5), then soft-capped to tanh(s / softcap) * softcap
+    where softcap > 0 (Gemma 2)."""
+    return _require().attend(q, caches, row_cache, row_len, row_index, float(scale), float(softcap))
 
 
 def decoder_layer(x: torch.Tensor, weights: list[torch.Tensor], dims: list[int], eps: float,
@@ -155,3 +158,15 @@ def decoder_layer(x: torch.Tensor, weights: list[torch.Tensor], dims: list[int],
     [rows, head_dim]; row r's key and value go to slot row_slot[r] of caches[row_cache[r]]."""
     return _require().decoder_layer(x, weights, dims, eps, cos, sin, caches, row_cache, row_slot,
                                     row_len, row_index)
+
+
+def gemma_layer(x: torch.Tensor, weights: list[torch.Tensor], dims: list[int], eps: float,
+                scale: float, softcap: float, cos: torch.Tensor, sin: torch.Tensor,
+                caches: list[torch.Tensor], row_cache: torch.Tensor, row_slot: torch.Tensor,
+                row_len: torch.Tensor, row_index: torch.Tensor | None = None) -> torch.Tensor:
+    """One bf16 Gemma 2/3 decoder layer (see gemma_layer.cpp). weights: attn_norm, packed
+    qkv, qkv bias or empty, qk_norm or empty, packed o, post_attention norm,
+    pre_feedforward norm, packed gate_up, packed down, post_feedforward norm; every
+    norm float32 (1 + w). Otherwise as decoder_layer, with attend's scale and softcap."""
+    return _require().gemma_layer(x, weights, dims, eps, scale, softcap, cos, sin, caches, row_cache,
+                                  row_slot, row_len, row_index)

@@ -1,6 +1,6 @@
 // Attention whose result for a query row depends on nothing but that row.
 //
-// out[r] = softmax(q[r] . K_r^T * scale) . V_r, where K_r, V_r are the keys and
+// out[r] = softmax(cap(q[r] . K_r^T * scale)) . V_r, where K_r, V_r are the keys and
 // values row r may see: a prefix [0, len[r]) of its request's cache, or an
 // explicit ascending list of cache indices (a token-tree node: the context plus
 // its ancestors). Rows of one call may belong to different requests (caches).
@@ -14,6 +14,9 @@
 // verification block, inside a tree, or inside a batch of other requests, and
 // independent of the thread count. SDPA picks its blocking from the shapes, which
 // is exactly what changes greedy outputs in half precision.
+//
+// scale defaults to head_dim^-0.5 (Gemma passes query_pre_attn_scalar^-0.5);
+// cap(s) = tanh(s / c) * c where a soft-cap c > 0 is given (Gemma 2), else s.
 //
 // Math is float32 throughout; bf16 inputs are widened exactly and the result is
 // rounded once (round to nearest even, torch's rule).
@@ -36,7 +39,8 @@ using vs::kLanes;
 using vs::load_lanes;
 using vs::store_lanes;
 using vs::exp_lanes;
-constexpr int kMaxChunks = 8;  // head_dim <= 128
+constexpr int kMaxChunks = 8;  // head_dim <= 128, or exactly 256 (Gemma 2 and 3)
+constexpr int kWideChunks = 16;
 constexpr int kMaxGroups = 16;  // query heads per key/value head
 
 struct RowKeys {
@@ -149,10 +153,11 @@ void weigh_values(const RowJob<T>& job, int64_t g0, const T* values, int64_t key
 // the group; each (row, head) still sees its own keys in its own fixed order,
 // which is all the invariant needs.
 template <typename T, int CH>
-void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale,
+void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, float softcap,
                  const T* keys, const T* values, int64_t key_stride, __m512* peaks) {
   constexpr int64_t head_dim = CH * kLanes;
   const __m512 scale_v = _mm512_set1_ps(scale);
+  const __m512 cap_v = _mm512_set1_ps(softcap), inv_cap_v = _mm512_set1_ps(softcap > 0 ? 1.0f / softcap : 0.0f);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   int64_t widest = 0;
   for (int64_t b = 0; b < count; ++b) widest = std::max(widest, jobs[b].padded);
@@ -164,6 +169,7 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale,
       const int64_t valid = std::min<int64_t>(kLanes, job.seen.count - j);
       for (int64_t g = 0; g < groups; ++g) {
         __m512 block = _mm512_mul_ps(block_scores<T, CH>(job.q + g * head_dim, keys, key_stride, job.seen, j), scale_v);
+        if (softcap > 0) block = _mm512_mul_ps(vs::tanh_lanes(_mm512_mul_ps(block, inv_cap_v)), cap_v);
         if (valid < kLanes) block = _mm512_mask_mov_ps(minus_inf, (__mmask16)((1u << valid) - 1), block);
         _mm512_storeu_ps(job.scores + g * (job.padded + kLanes) + j, block);
         peaks[b * groups + g] = _mm512_max_ps(peaks[b * groups + g], block);
@@ -197,9 +203,9 @@ constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
 template <typename T>
 void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t head_dim,
          const std::vector<at::Tensor>& caches, const at::Tensor& row_cache,
-         const at::Tensor& row_len, const at::Tensor& row_index, T* op) {
+         const at::Tensor& row_len, const at::Tensor& row_index, T* op, float scale, float softcap) {
   const int64_t kv_heads = caches[0].size(1), groups = heads / kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (scale <= 0) scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const int64_t* cache_of = row_cache.data_ptr<int64_t>();
   const int64_t* len = row_len.data_ptr<int64_t>();
   const int64_t* index = row_index.defined() ? row_index.data_ptr<int64_t>() : nullptr;
@@ -235,14 +241,15 @@ void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t hea
         next += groups * (padded + kLanes);
       }
       switch (head_dim / kLanes) {
-        case 1: attend_rows<T, 1>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 2: attend_rows<T, 2>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 3: attend_rows<T, 3>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 4: attend_rows<T, 4>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 5: attend_rows<T, 5>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 6: attend_rows<T, 6>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 7: attend_rows<T, 7>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        default: attend_rows<T, 8>(jobs, count, groups, scale, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 1: attend_rows<T, 1>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 2: attend_rows<T, 2>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 3: attend_rows<T, 3>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 4: attend_rows<T, 4>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 5: attend_rows<T, 5>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 6: attend_rows<T, 6>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 7: attend_rows<T, 7>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 8: attend_rows<T, 8>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        default: attend_rows<T, kWideChunks>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
       }
     }
   });
@@ -254,8 +261,8 @@ void check_rows(int64_t rows, int64_t heads, int64_t head_dim, at::ScalarType dt
                 const std::vector<at::Tensor>& caches, const at::Tensor& row_cache,
                 const at::Tensor& row_len, const at::Tensor& index) {
   TORCH_CHECK(!caches.empty(), "attend: no caches");
-  TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kLanes * kMaxChunks,
-              "attend: head_dim must be a multiple of 16, at most 128");
+  TORCH_CHECK((head_dim % kLanes == 0 && head_dim <= kLanes * kMaxChunks) || head_dim == kLanes * kWideChunks,
+              "attend: head_dim must be a multiple of 16, at most 128, or 256");
   for (const at::Tensor& kv : caches) {
     TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2 && kv.size(3) == head_dim && kv.stride(3) == 1 &&
                     kv.scalar_type() == dtype,
@@ -290,14 +297,16 @@ void check_rows(int64_t rows, int64_t heads, int64_t head_dim, at::ScalarType dt
 
 void attend_into(const at::BFloat16* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t head_dim,
                  const std::vector<at::Tensor>& caches, const at::Tensor& row_cache,
-                 const at::Tensor& row_len, const at::Tensor& row_index, at::BFloat16* out) {
+                 const at::Tensor& row_len, const at::Tensor& row_index, at::BFloat16* out, double scale,
+                 double softcap) {
   check_rows(rows, heads, head_dim, at::kBFloat16, caches, row_cache, row_len, row_index);
-  run<at::BFloat16>(q, q_stride, rows, heads, head_dim, caches, row_cache, row_len, row_index, out);
+  run<at::BFloat16>(q, q_stride, rows, heads, head_dim, caches, row_cache, row_len, row_index, out,
+                    static_cast<float>(scale), static_cast<float>(softcap));
 }
 
 at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
                   const at::Tensor& row_cache, const at::Tensor& row_len,
-                  const c10::optional<at::Tensor>& row_index) {
+                  const c10::optional<at::Tensor>& row_index, double scale, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "attend: q must be contiguous [rows, heads, head_dim]");
   const int64_t rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
   at::Tensor index = row_index.has_value() ? *row_index : at::Tensor();
@@ -305,11 +314,12 @@ at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
   at::Tensor out = at::empty({rows, heads * head_dim}, q.options());
   if (q.scalar_type() == at::kBFloat16) {
     run<at::BFloat16>(q.data_ptr<at::BFloat16>(), heads * head_dim, rows, heads, head_dim, caches, row_cache,
-                      row_len, index, out.data_ptr<at::BFloat16>());
+                      row_len, index, out.data_ptr<at::BFloat16>(), static_cast<float>(scale),
+                      static_cast<float>(softcap));
   } else {
     TORCH_CHECK(q.scalar_type() == at::kFloat, "attend: bf16 or float32 only");
     run<float>(q.data_ptr<float>(), heads * head_dim, rows, heads, head_dim, caches, row_cache, row_len,
-               index, out.data_ptr<float>());
+               index, out.data_ptr<float>(), static_cast<float>(scale), static_cast<float>(softcap));
   }
   return out;
 }

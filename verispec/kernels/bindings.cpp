@@ -22,9 +22,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("attend", &attend, "row-invariant attention of query rows against per-request caches",
         py::arg("q"), py::arg("caches"), py::arg("row_cache"), py::arg("row_len"),
-        py::arg("row_index") = py::none(), py::call_guard<py::gil_scoped_release>());
+        py::arg("row_index") = py::none(), py::arg("scale") = 0.0, py::arg("softcap") = 0.0,
+        py::call_guard<py::gil_scoped_release>());
   m.def("decoder_layer", &decoder_layer, "one bf16 Llama decoder layer over rows of several requests",
         py::arg("x"), py::arg("weights"), py::arg("dims"), py::arg("eps"), py::arg("cos"), py::arg("sin"),
         py::arg("caches"), py::arg("row_cache"), py::arg("row_slot"), py::arg("row_len"),
         py::arg("row_index") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("gemma_layer", &gemma_layer, "one bf16 Gemma 2/3 decoder layer over rows of several requests",
+        py::arg("x"), py::arg("weights"), py::arg("dims"), py::arg("eps"), py::arg("scale"), py::arg("softcap"),
+        py::arg("cos"), py::arg("sin"), py::arg("caches"), py::arg("row_cache"), py::arg("row_slot"),
+        py::arg("row_len"), py::arg("row_index") = py::none(), py::call_guard<py::gil_scoped_release>());
 }

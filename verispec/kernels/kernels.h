@@ -18,13 +18,20 @@ int64_t quant_fused_rows(int64_t rows);
 std::vector<int64_t> quant_pack_shape(const at::Tensor& packed);
 at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
                   const at::Tensor& row_cache, const at::Tensor& row_len,
-                  const c10::optional<at::Tensor>& row_index);
+                  const c10::optional<at::Tensor>& row_index, double scale, double softcap);
 // attend for bf16 q rows `q_stride` elements apart, writing [rows, heads * head_dim] to out.
 void attend_into(const at::BFloat16* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t head_dim,
                  const std::vector<at::Tensor>& caches, const at::Tensor& row_cache,
-                 const at::Tensor& row_len, const at::Tensor& row_index, at::BFloat16* out);
+                 const at::Tensor& row_len, const at::Tensor& row_index, at::BFloat16* out,
+                 double scale, double softcap);
 at::Tensor decoder_layer(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                          const std::vector<int64_t>& dims, double eps, const at::Tensor& cos,
                          const at::Tensor& sin, const std::vector<at::Tensor>& caches,
                          const at::Tensor& row_cache, const at::Tensor& row_slot,
                          const at::Tensor& row_len, const c10::optional<at::Tensor>& row_index);
+// decoder_layer with Gemma 2/3's norms, GeGLU, score scale and soft-cap (gemma_layer.cpp).
+at::Tensor gemma_layer(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                       const std::vector<int64_t>& dims, double eps, double scale, double softcap,
+                       const at::Tensor& cos, const at::Tensor& sin, const std::vector<at::Tensor>& caches,
+                       const at::Tensor& row_cache, const at::Tensor& row_slot, const at::Tensor& row_len,
+                       const c10::optional<at::Tensor>& row_index);

@@ -23,24 +23,11 @@
 #include <vector>
 
 #include "kernels.h"
-#include "simd.h"
+#include "layer_ops.h"
 
 namespace {
 
-using vs::kLanes;
-using vs::load_lanes;
-using vs::round_bf16;
-using vs::store_lanes;
-using vs::tail_mask;
-using bf16 = at::BFloat16;
-
-// Calls f(offset, mask) for 16-lane chunks covering [0, n).
-template <typename F>
-inline void chunks(int64_t n, F&& f) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) f(i, (__mmask16)0xffff);
-  if (i < n) f(i, tail_mask(n - i));
-}
+using namespace vs;
 
 void rms_norm_row(const bf16* x, const bf16* weight, int64_t n, float eps, bf16* out) {
   __m512 acc = _mm512_setzero_ps();
@@ -55,26 +42,6 @@ void rms_norm_row(const bf16* x, const bf16* weight, int64_t n, float eps, bf16*
   });
 }
 
-// x * cos + swap_halves(x) * sin_signed for one head, in place.
-void rope_head(bf16* x, const bf16* cos, const bf16* sin, int64_t head_dim) {
-  const int64_t half = head_dim / 2;
-  chunks(half, [&](int64_t i, __mmask16 m) {
-    const __m512 lo = load_lanes(x + i, m), hi = load_lanes(x + half + i, m);
-    const __m512 new_lo = _mm512_add_ps(round_bf16(_mm512_mul_ps(lo, load_lanes(cos + i, m))),
-                                        round_bf16(_mm512_mul_ps(hi, load_lanes(sin + i, m))));
-    const __m512 new_hi = _mm512_add_ps(round_bf16(_mm512_mul_ps(hi, load_lanes(cos + half + i, m))),
-                                        round_bf16(_mm512_mul_ps(lo, load_lanes(sin + half + i, m))));
-    store_lanes(x + i, new_lo, m);
-    store_lanes(x + half + i, new_hi, m);
-  });
-}
-
-void add_rows(const bf16* a, const bf16* b, int64_t n, bf16* out) {
-  chunks(n, [&](int64_t i, __mmask16 m) {
-    store_lanes(out + i, _mm512_add_ps(load_lanes(a + i, m), load_lanes(b + i, m)), m);
-  });
-}
-
 void silu_mul_row(const bf16* gate, const bf16* up, int64_t n, bf16* out) {
   chunks(n, [&](int64_t i, __mmask16 m) {
     const __m512 g = load_lanes(gate + i, m);
@@ -83,16 +50,6 @@ void silu_mul_row(const bf16* gate, const bf16* up, int64_t n, bf16* out) {
     store_lanes(out + i, _mm512_mul_ps(act, load_lanes(up + i, m)), m);
   });
 }
-
-// Elementwise work over rows: small blocks run inline, large ones split by rows.
-template <typename F>
-void for_rows(int64_t rows, F&& f) {
-  at::parallel_for(0, rows, 32, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) f(r);
-  });
-}
-
-const bf16* bf16_data(const at::Tensor& t) { return t.data_ptr<bf16>(); }
 
 }  // namespace
 
@@ -112,23 +69,13 @@ at::Tensor decoder_layer(const at::Tensor& x_in, const std::vector<at::Tensor>& 
   const at::Tensor& down_packed = weights[7];
   const int64_t heads = dims[0], kv_heads = dims[1], head_dim = dims[2], inter = dims[3];
   const at::Tensor x = x_in.contiguous();
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "decoder_layer: bf16 x [rows, hidden]");
+  check_layer_rows(x, cos, sin, head_dim, caches, row_cache, row_slot);
   const int64_t rows = x.size(0), hidden = x.size(1);
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
-  TORCH_CHECK(head_dim % 2 == 0 && cos.size(0) == rows && cos.size(1) == head_dim && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16,
-              "decoder_layer: cos/sin must be contiguous bf16 [rows, head_dim]");
-  TORCH_CHECK(row_slot.scalar_type() == at::kLong && row_slot.numel() == rows && row_slot.is_contiguous(),
-              "decoder_layer: row_slot must be int64 [rows]");
   const float eps = static_cast<float>(eps_d);
   const bool has_qk_norm = qk_norm.defined() && qk_norm.numel() > 0;
   const int64_t* cache_of = row_cache.data_ptr<int64_t>();
   const int64_t* slot = row_slot.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(cache_of[r] >= 0 && cache_of[r] < static_cast<int64_t>(caches.size()) && slot[r] >= 0 &&
-                    slot[r] < caches[cache_of[r]].size(2),
-                "decoder_layer: row cache or slot out of range");
-  }
 
   at::Tensor h = at::empty_like(x);
   for_rows(rows, [&](int64_t r) {
@@ -145,17 +92,11 @@ at::Tensor decoder_layer(const at::Tensor& x_in, const std::vector<at::Tensor>& 
       if (has_qk_norm) rms_norm_row(v, bf16_data(qk_norm) + head * head_dim, head_dim, eps, v);
       rope_head(v, bf16_data(cos) + r * head_dim, bf16_data(sin) + r * head_dim, head_dim);
     }
-    const at::Tensor& kv = caches[cache_of[r]];  // [2, kv_heads, slots, head_dim]
-    bf16* base = kv.data_ptr<bf16>() + slot[r] * kv.stride(2);
-    for (int64_t head = 0; head < kv_heads; ++head) {
-      std::memcpy(base + head * kv.stride(1), row + (heads + head) * head_dim, head_dim * sizeof(bf16));
-      std::memcpy(base + kv.stride(0) + head * kv.stride(1), row + (heads + kv_heads + head) * head_dim,
-                  head_dim * sizeof(bf16));
-    }
+    store_kv_row(row, heads, kv_heads, head_dim, caches[cache_of[r]], slot[r]);
   });
   at::Tensor attn = at::empty({rows, heads * head_dim}, x.options());
   attend_into(qkv_p, width, rows, heads, head_dim, caches, row_cache, row_len,
-              row_index.has_value() ? *row_index : at::Tensor(), attn.data_ptr<bf16>());
+              row_index.has_value() ? *row_index : at::Tensor(), attn.data_ptr<bf16>(), 0.0, 0.0);
   at::Tensor o = linear(attn, o_packed, hidden, c10::nullopt);
   at::Tensor x1 = at::empty_like(x);
   at::Tensor h2 = at::empty_like(x);

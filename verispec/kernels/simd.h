@@ -51,6 +51,16 @@ inline __m512 exp_lanes(__m512 x) {
   return _mm512_maskz_mul_ps(~tiny, p, _mm512_castsi512_ps(e));
 }
 
+// tanh on 16 lanes as sign(x) (1 - e) / (1 + e), e = exp(-2|x|): a few ulp of 1
+// in absolute error, exactly odd, and the same bits for a lane whatever its
+// neighbours (Gemma 2's soft-capping of attention scores).
+inline __m512 tanh_lanes(__m512 x) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)));
+  const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(_mm512_set1_epi32((int)0x80000000u), _mm512_castps_si512(x)));
+  const __m512 e = exp_lanes(_mm512_mul_ps(a, _mm512_set1_ps(-2.0f)));
+  const __m512 t = _mm512_div_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), e), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), _mm512_castps_si512(sign)));
+}
 
 // Masked variants for a tail of `count` <= 16 lanes.
 inline __mmask16 tail_mask(int64_t count) { return (__mmask16)((1u << count) - 1); }

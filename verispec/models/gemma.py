@@ -9,12 +9,14 @@ the final logits; Gemma 3 normalizes q and k and gives its local (sliding)
 layers their own RoPE base. Local/global layers follow `layer_types`, the
 window through `llama_window.window_mask`.
 
-verispec's fused layer and attention kernels implement none of this, so Gemma
-runs the PyTorch path: matmuls still on the kernels (bf16, row-invariant) or
-padded fp32 GEMMs, attention row by row for blocks and trees. Every row of a
-block, tree or batch sees the keys, in the order, it sees decoded alone, and is
-computed by the same calls: row invariance holds, so greedy speculation is
-bit-exact. `batch_invariant` is not implemented here.
+Where verispec's kernels run (bf16 or fp32 on AVX-512/AMX), Gemma takes the
+Llama path: the attention kernel with Gemma's score scale and soft-cap, several
+requests' rows in one forward (llama_batch), and in bf16 one fused C++ call
+per layer (kernels/gemma_layer.cpp). Each row is computed alone in a fixed
+order, so a position's bits are the same alone, in a block, a tree or a batch,
+and greedy speculation is bit-exact; `batch_invariant` adds fixed fp32 matmul
+tiles as for Llama. Without the kernels, the PyTorch path below runs attention
+row by row (batches request by request) and `batch_invariant` is refused.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from .llama import DEFAULT_CACHE_LIMIT, NativeLlama
 from .llama_config import rotate
 from .llama_attention import AttentionMask
@@ -82,14 +85,17 @@ def parse_gemma(config: dict) -> tuple[LlamaSpec, GemmaSpec]:
 
 
 class ScaledEmbedding(Embedding):
-    """Token rows times sqrt(hidden), the scale rounded to the model dtype as in HF."""
+    """Token rows times sqrt(hidden), the scale rounded to the model dtype as in HF;
+    the rows dense or, from a GGUF file, a kernel pack."""
 
-    def __init__(self, weight: torch.Tensor, scale: float) -> None:
-        super().__init__(weight)
-        self.scale = torch.tensor(scale).to(weight.dtype)
+    def __init__(self, weight: torch.Tensor | None, scale: float, packed: torch.Tensor | None = None,
+                 shape: tuple[int, int] | None = None, fmt: str = "bf16",
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(weight, packed, shape, fmt)
+        self.scale = torch.tensor(scale).to(dtype or weight.dtype)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight) * self.scale
+        return super().__call__(ids) * self.scale
 
 
 @dataclass
@@ -135,7 +141,10 @@ def load_gemma_weights(folder: Path, spec: LlamaSpec, dtype: torch.dtype,
             down=Linear(matrix(p + "mlp.down_proj.weight"))))
         norms.append(GemmaNorms(norm(p + "post_attention_layernorm.weight"),
                                 norm(p + "post_feedforward_layernorm.weight")))
-    embed = matrix("model.embed_tokens.weight")
+    # safetensors' save_model keeps one name of a tied pair, sometimes lm_head's
+    # (verispec's own GGUF conversion writes Gemma that way).
+    embed = matrix("model.embed_tokens.weight" if "model.embed_tokens.weight" in tensors
+                   else "lm_head.weight")
     weights = ModelWeights(embedding=ScaledEmbedding(embed, spec.hidden_size ** 0.5), layers=layers,
                            norm=norm("model.norm.weight"), lm_head=Linear(embed),
                            fingerprint_parts=parts, source=Path(folder))
@@ -147,14 +156,16 @@ class NativeGemma(NativeLlama):
                  norms: list[GemmaNorms], dtype: torch.dtype, device: torch.device,
                  eos_token_ids: frozenset[int], name: str, num_layers: int | None = None,
                  batch_invariant: bool = False, cache_limit: int = DEFAULT_CACHE_LIMIT) -> None:
-        if batch_invariant:
-            raise ValueError("--batch-invariant is not implemented for Gemma on the native backend")
         super().__init__(spec, weights, dtype, device, eos_token_ids, name, num_layers,
-                         False, cache_limit)
+                         batch_invariant, cache_limit)
+        if batch_invariant and not self.row_kernels:
+            raise ValueError("--batch-invariant needs verispec's kernels for Gemma on the native "
+                             "backend (its PyTorch attention has no fixed-tile variant)")
         self.gemma = gemma
         self.norms = norms
-        # The kernels' fused layer and attention lack Gemma's norms, scale and soft-capping.
-        self.row_kernels = self.fuses_batches = self._fused = False
+        self._softcap = float(gemma.attn_softcap or 0.0)
+        self._fused_args = [_fused_gemma(layer, norms[i]) if args is not None else None
+                            for i, (layer, args) in enumerate(zip(self.layers, self._fused_args))]
         self._local_tables = None
         if gemma.local_rope is not None:
             self._local_tables = tuple(t.to(device) for t in rope_tables(
@@ -174,18 +185,12 @@ class NativeGemma(NativeLlama):
                    name=f"native:{Path(str(name)).name or folder.name}",
                    batch_invariant=batch_invariant, cache_limit=cache_limit)
 
-    def truncated(self, num_layers: int) -> "NativeGemma":
-        if not 1 <= num_layers <= self.num_layers:
-            raise ValueError(
-                f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
-        draft = NativeGemma(self.spec, self.gemma, self.weights, self.norms, self.dtype,
-                            self.device, self.eos_token_ids, name=f"{self.name}[:{num_layers}]",
-                            num_layers=num_layers, cache_limit=self.cache_limit)
+    def _sibling(self, weights: ModelWeights, name: str, num_layers: int) -> "NativeGemma":
+        draft = NativeGemma(self.spec, self.gemma, weights, self.norms, self.dtype, self.device,
+                            self.eos_token_ids, name=name, num_layers=num_layers,
+                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
         draft.window_block = self.window_block
         return draft
-
-    def quantized_draft(self, fmt: str, num_layers: int | None = None):
-        raise ValueError("quantized self-drafts are not implemented for Gemma")
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return (F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_eps) * weight).to(x.dtype)
@@ -202,6 +207,46 @@ class NativeGemma(NativeLlama):
             cos, sin = self._local_tables
             self._local = (cos[index][:, None], sin[index][:, None])
         return super()._run(tokens, cache, start, positions, mask, num_logits, hidden_layers)
+
+    def _row_tables(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        tables = super()._row_tables(positions)
+        if self._local_tables is None:
+            return tables
+        cos, sin = self._local_tables
+        local = (cos[positions], sin[positions])
+        return [local if self._sliding and self._sliding[i] else t for i, t in enumerate(tables)]
+
+    def _row_layer(self, w: LayerWeights, index: int, x: torch.Tensor, items, starts, offsets,
+                   cos: torch.Tensor, sin: torch.Tensor, plan) -> torch.Tensor:
+        """Several requests' rows through one layer on the kernels (llama_batch's contract)."""
+        if self._fused and self._fused_args[index] is not None:
+            return kernels.gemma_layer(
+                x, self._fused_args[index],
+                [self._heads, self._kv_heads, self._head_dim, self.spec.intermediate_size],
+                self.spec.rms_eps, self.gemma.scaling, self._softcap, cos, sin,
+                [it.cache.kv[index] for it in items], plan.row_cache, plan.row_slot, plan.row_len,
+                plan.row_index)
+        rows = x.shape[0]
+        heads, kv_heads, head_dim = self._heads, self._kv_heads, self._head_dim
+        qkv = self._linear(w.qkv, self._norm(x, w.attn_norm)).view(rows, heads + 2 * kv_heads, head_dim)
+        qk = qkv[:, : heads + kv_heads]
+        if w.qk_norm is not None:
+            qk = self._norm(qk, w.qk_norm)
+        qk = rotate(qk, cos[:, None], sin[:, None])
+        new_kv = torch.cat((qk[:, heads:], qkv[:, heads + kv_heads:]), dim=1)  # [rows, 2 kv, hd]
+        new_kv = new_kv.view(rows, 2, kv_heads, head_dim).permute(1, 2, 0, 3)
+        layer_kv = self._store_rows(index, new_kv, items, starts, offsets)
+        out = plan.attend(qk[:, :heads], layer_kv, self.gemma.scaling, self._softcap)
+        return self._mlp(w, index, x, out)
+
+    def _mlp(self, w: LayerWeights, index: int, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The layer after attention: post-attention norm, residual, GeGLU MLP between its norms."""
+        norms = self.norms[index]
+        x = x + self._norm(self._linear(w.o, out), norms.post_attention)
+        gate_up = self._linear(w.gate_up, self._norm(x, w.mlp_norm))
+        inter = gate_up.shape[-1] // 2
+        act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
+        return x + self._norm(self._linear(w.down, act), norms.post_feedforward)
 
     def _layer(self, w: LayerWeights, index: int, x: torch.Tensor, cache, cos: torch.Tensor,
                sin: torch.Tensor, attn_mask: AttentionMask, start: int, n: int) -> torch.Tensor:
@@ -229,12 +274,7 @@ class NativeGemma(NativeLlama):
             out = torch.cat(outs)
         else:
             out = self._attend(q, keys[:, : start + n], values[:, : start + n], attn_mask.sdpa)
-        norms = self.norms[index]
-        x = x + self._norm(self._linear(w.o, out), norms.post_attention)
-        gate_up = self._linear(w.gate_up, self._norm(x, w.mlp_norm))
-        inter = gate_up.shape[-1] // 2
-        act = F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
-        return x + self._norm(self._linear(w.down, act), norms.post_feedforward)
+        return self._mlp(w, index, x, out)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -256,6 +296,16 @@ class NativeGemma(NativeLlama):
             out = scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ values
         return out.view(kv_heads, groups, rows, head_dim).permute(2, 0, 1, 3).reshape(
             rows, heads * head_dim)
+
+
+def _fused_gemma(w: LayerWeights, norms: GemmaNorms) -> list[torch.Tensor]:
+    """A layer's tensors in the order kernels.gemma_layer takes them."""
+    none = torch.empty(0, dtype=torch.float32)
+    qk_norm = w.qk_norm.contiguous() if w.qk_norm is not None else none
+    bias = w.qkv.bias if w.qkv.bias is not None else torch.empty(0, dtype=torch.bfloat16)
+    return [w.attn_norm.contiguous(), w.qkv.weight, bias, qk_norm, w.o.weight,
+            norms.post_attention.contiguous(), w.mlp_norm.contiguous(), w.gate_up.weight,
+            w.down.weight, norms.post_feedforward.contiguous()]
 
 
 def native_class(config: dict):

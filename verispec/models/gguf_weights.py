@@ -24,19 +24,21 @@ import numpy as np
 import torch
 
 from .. import kernels
+from .gguf_arch import ARCHITECTURES, arch_config, layer_names, load_gemma_gguf, parse_arch
 from .gguf_file import GGUFError, GGUFFile
-from .llama_config import LlamaSpec, parse_config
+from .llama_config import LlamaSpec
 from .llama_weights import (Embedding, LayerWeights, Linear, ModelWeights, StackedLinear,
                             _digest_part)
 
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp interleaves
 _FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16: loaded as they are
 _HF_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
              "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
              "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+             "attn_qkv": "self_attn.qkv_proj", "post_attention_norm": "post_attention_norm",
+             "post_ffw_norm": "post_feedforward_layernorm"}
 
 
 def hf_config(gf: GGUFFile) -> dict:
@@ -94,7 +96,7 @@ def hf_config(gf: GGUFFile) -> dict:
             raise ValueError(f"a GGUF with both rope_freqs and RoPE scaling {scaling!r}")
         config["rope_scaling"] = {"rope_type": "freq_factors",
                                   "factors": gf.dequantize("rope_freqs.weight").reshape(-1).tolist()}
-    return config
+    return arch_config(gf, arch, get, config)
 
 
 class _Builder:
@@ -132,14 +134,14 @@ class _Builder:
         raw, order = self.gf.raw(name), self.row_order(name)
         return raw if order is None else raw[order]
 
-    def dense(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def dense(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
         self.info(name, shape)
         values = torch.from_numpy(self.gf.dequantize(name))
         self.gf.release(name)
         order = self.row_order(name)
         if order is not None:
             values = values[torch.from_numpy(order)]
-        tensor = values.to(device=self.device, dtype=self.dtype)
+        tensor = values.to(device=self.device, dtype=dtype or self.dtype)
         self.record(name, tensor)
         return tensor
 
@@ -258,19 +260,25 @@ def gguf_name(hf_key: str) -> str:
         return fixed[hf_key]
     _, _, layer, rest = hf_key.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    part = {v: k for k, v in _HF_NAMES.items()}[module]
+    part = {v: k for k, v in _HF_NAMES.items()} | {"mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused
+    part = part[module]
     return f"blk.{layer}.{part}.{kind}"
+
+
+def _check_quant(quant: bool, dtype: torch.dtype, device: torch.device) -> None:
+    if quant and (dtype != torch.bfloat16 or device.type != "cpu" or not kernels.available()):
+        raise ValueError("quantized GGUF weights run in bf16 on verispec's CPU kernels "
+                         f"(here: {dtype}, {device}, kernels "
+                         f"{'on' if kernels.available() else 'off'}); use --weights dense")
 
 
 def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.dtype,
                       device: torch.device, quiet: bool = False) -> ModelWeights:
     """The native weights of `gf`. quant=True packs quantized tensors for the
     kernels (bf16 on CPU only); quant=False dequantizes every tensor to `dtype`."""
-    if quant and (dtype != torch.bfloat16 or device.type != "cpu" or not kernels.available()):
-        raise ValueError("quantized GGUF weights run in bf16 on verispec's CPU kernels "
-                         f"(here: {dtype}, {device}, kernels "
-                         f"{'on' if kernels.available() else 'off'}); use --weights dense")
+    _check_quant(quant, dtype, device)
     b = _Builder(gf, spec, quant, dtype, device)
+    names = layer_names(gf.metadata.get("general.architecture"))
     heads, kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
     qkv_rows = [heads * hd, kv * hd, kv * hd]
     inter, hidden = spec.intermediate_size, spec.hidden_size
@@ -284,14 +292,15 @@ def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.d
                                  b.dense(p + "attn_k_norm.weight", (hd,))[None].expand(kv, -1)])
         layers.append(LayerWeights(
             attn_norm=b.dense(p + "attn_norm.weight", (hidden,)),
-            qkv=b.linear([p + f"attn_{n}.weight" for n in "qkv"], qkv_rows, hidden,
-                         [p + f"attn_{n}.bias" for n in "qkv"] if spec.qkv_bias else None),
+            qkv=b.linear([p + f"{n}.weight" for n in names["qkv"]], _split(qkv_rows, names["qkv"]),
+                         hidden, [p + f"{n}.bias" for n in names["qkv"]] if spec.qkv_bias else None),
             qk_norm=qk_norm,
             o=b.linear([p + "attn_output.weight"], [hidden], heads * hd,
                        [p + "attn_output.bias"] if spec.o_bias else None),
             mlp_norm=b.dense(p + "ffn_norm.weight", (hidden,)),
-            gate_up=b.linear([p + "ffn_gate.weight", p + "ffn_up.weight"], [inter, inter], hidden,
-                             [p + "ffn_gate.bias", p + "ffn_up.bias"] if spec.mlp_bias else None),
+            gate_up=b.linear([p + f"{n}.weight" for n in names["gate_up"]],
+                             _split([inter, inter], names["gate_up"]), hidden,
+                             [p + f"{n}.bias" for n in names["gate_up"]] if spec.mlp_bias else None),
             down=b.linear([p + "ffn_down.weight"], [hidden], inter,
                           [p + "ffn_down.bias"] if spec.mlp_bias else None),
         ))
@@ -303,12 +312,19 @@ def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.d
                         source=Path(gf.path))
 
 
+def _split(rows: list[int], names: list[str]) -> list[int]:
+    """Row counts per tensor: one fused tensor (Phi-3's attn_qkv, ffn_up) takes them all."""
+    return rows if len(names) == len(rows) else [sum(rows)]
+
+
 @dataclass
 class GGUFModel:
     path: Path
     spec: LlamaSpec
     weights: ModelWeights
     eos_token_ids: frozenset[int]
+    gemma: object | None = None  # Gemma 2/3: the GemmaSpec
+    norms: list | None = None  # Gemma 2/3: per layer, the post-attention/feed-forward norms
 
 
 def read_gguf(source: "str | Path | GGUFFile", dtype: torch.dtype, device: torch.device,
@@ -316,7 +332,15 @@ def read_gguf(source: "str | Path | GGUFFile", dtype: torch.dtype, device: torch
     """Config, weights and EOS ids of a GGUF file (a path or an open GGUFFile)."""
     gf = source if isinstance(source, GGUFFile) else GGUFFile(source)
     config = hf_config(gf)
-    spec = parse_config(config)
-    weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet)
+    spec, gemma = parse_arch(config)
     eos = config.get("eos_token_id")
-    return GGUFModel(gf.path, spec, weights, frozenset([] if eos is None else [int(eos)]))
+    eos_ids = frozenset([] if eos is None else [int(eos)])
+    if gemma is None:
+        weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet)
+        return GGUFModel(gf.path, spec, weights, eos_ids)
+    _check_quant(quant, dtype, device)
+    b = _Builder(gf, spec, quant, dtype, device)
+    weights, norms = load_gemma_gguf(b, spec)
+    if not quiet:
+        b.note()
+    return GGUFModel(gf.path, spec, weights, eos_ids, gemma, norms)

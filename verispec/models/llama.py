@@ -33,13 +33,13 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from ..kv_cache import StaticKVCache, WindowKVCache
+from ..kv_cache import MixedKVCache, StaticKVCache, WindowKVCache
 from .base import BatchItem, ForwardOutput, TargetModel
 from .llama_batch import BatchedRows
 from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, attend,
                               invariant_attend, rowwise_attend)
 from .llama_config import LlamaSpec, parse_config, rope_tables, rotate
-from .llama_window import forward_pieces, slots, window_mask
+from .llama_window import forward_pieces, local_rows, needs_pieces, slots
 from .llama_config import supports as _supports
 from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
                             read_config, read_eos_ids)
@@ -83,7 +83,8 @@ class NativeLlama(BatchedRows, TargetModel):
         # of requests all give a position the same bits. Without it (no AVX-512/AMX,
         # or an odd head size) the SDPA paths below keep the old guarantees.
         self.row_kernels = (device.type == "cpu" and dtype in (torch.bfloat16, torch.float32)
-                            and spec.head_dim % 16 == 0 and spec.head_dim <= 128
+                            and spec.head_dim % 16 == 0
+                            and (spec.head_dim <= 128 or spec.head_dim == 256)
                             and groups <= 16 and kernels.available())
         self.fuses_batches = self.row_kernels
         # bf16 with a layer's matmuls each on one kernel pack: that layer is one C++
@@ -121,6 +122,12 @@ class NativeLlama(BatchedRows, TargetModel):
 
         device = torch.device(device)
         model = read_gguf(path, dtype, device, quant, quiet)
+        if model.gemma is not None:
+            from .gemma import NativeGemma
+
+            return NativeGemma(model.spec, model.gemma, model.weights, model.norms, dtype, device,
+                               model.eos_token_ids, name=f"native:{model.path.stem}",
+                               batch_invariant=batch_invariant, cache_limit=cache_limit)
         return cls(model.spec, model.weights, dtype, device, model.eos_token_ids,
                    name=f"native:{model.path.stem}", batch_invariant=batch_invariant,
                    cache_limit=cache_limit)
@@ -143,9 +150,13 @@ class NativeLlama(BatchedRows, TargetModel):
         # Batch-invariant attention reads whole key tiles, so the buffer ends on a tile edge.
         align = KEY_TILE if self.batch_invariant else 1
         window = self.spec.sliding_window
-        if self._sliding and all(self._sliding) and capacity > window - 1 + 2 * self.window_block:
-            return WindowKVCache(self.num_layers, self._kv_heads, self._head_dim, window,
-                                 self.window_block, self.dtype, self.device, align=align)
+        if self._sliding and capacity > window - 1 + 2 * self.window_block:
+            # Sliding layers keep only their window plus room for a block; full ones keep all.
+            if all(self._sliding):
+                return WindowKVCache(self.num_layers, self._kv_heads, self._head_dim, window,
+                                     self.window_block, self.dtype, self.device, align=align)
+            return MixedKVCache(self._sliding, self._kv_heads, self._head_dim, capacity, window,
+                                self.window_block, self.dtype, self.device, align=align)
         return StaticKVCache(self.num_layers, self._kv_heads, self._head_dim, capacity,
                              self.dtype, self.device, align=align)
 
@@ -155,11 +166,7 @@ class NativeLlama(BatchedRows, TargetModel):
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(
                 f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
-        draft = NativeLlama(self.spec, self.weights, self.dtype, self.device, self.eos_token_ids,
-                            name=f"{self.name}[:{num_layers}]", num_layers=num_layers,
-                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
-        draft.window_block = self.window_block
-        return draft
+        return self._sibling(self.weights, f"{self.name}[:{num_layers}]", num_layers)
 
     def quantized_draft(self, fmt: str, num_layers: int | None = None) -> "NativeLlama":
         """A self-draft: this model's first `num_layers` layers (all by default)
@@ -172,9 +179,14 @@ class NativeLlama(BatchedRows, TargetModel):
                              f"got {layers}")
         weights = quantized_draft_weights(self, fmt, layers)
         cut = f"[:{layers}]" if layers < self.num_layers else ""
+        return self._sibling(weights, f"{self.name}~{fmt}{cut}", layers)
+
+    def _sibling(self, weights: ModelWeights, name: str, num_layers: int) -> "NativeLlama":
+        """A model of this one's spec and settings over `weights` (a layer-skip or
+        quantized self-draft); subclasses with more state override it."""
         draft = NativeLlama(self.spec, weights, self.dtype, self.device, self.eos_token_ids,
-                            name=f"{self.name}~{fmt}{cut}", num_layers=layers,
-                            batch_invariant=self.batch_invariant, cache_limit=self.cache_limit)
+                            name=name, num_layers=num_layers, batch_invariant=self.batch_invariant,
+                            cache_limit=self.cache_limit)
         draft.window_block = self.window_block
         return draft
 
@@ -196,7 +208,7 @@ class NativeLlama(BatchedRows, TargetModel):
         num_logits=None returns logits for all n positions, 0 for none (a prefill
         that needs no distribution skips the LM head).
         """
-        if isinstance(cache, WindowKVCache) and tokens.shape[0] > cache.block:
+        if needs_pieces(cache, tokens.shape[0]):
             return forward_pieces(self, tokens, cache, positions, mask, num_logits, hidden_layers)
         if self.row_kernels:
             return self.forward_batch([BatchItem(tokens, cache, positions, mask, num_logits,
@@ -266,19 +278,21 @@ class NativeLlama(BatchedRows, TargetModel):
         attn_mask = AttentionMask.build(mask, start, n, rows, groups, self.device,
                                         self.batch_invariant, rowwise=True)
         masks = [attn_mask] * self.num_layers
+        starts = [start] * self.num_layers  # slot of the first new row, per layer
         if self._sliding:
-            windowed = window_mask(self._arange, self.spec.sliding_window, start, n, positions,
-                                   mask, getattr(cache, "offset", 0))
-            local = AttentionMask.build(windowed, start, n, rows, groups, self.device,
-                                        self.batch_invariant, rowwise=True)
-            masks = [local if slides else attn_mask for slides in self._sliding]
+            local = local_rows(self._arange, self.spec.sliding_window, cache, start, n, positions,
+                               mask)
+            local_mask = AttentionMask.build(local.mask, local.start, n, rows, groups, self.device,
+                                             self.batch_invariant, rowwise=True)
+            masks = [local_mask if slides else attn_mask for slides in self._sliding]
+            starts = [local.start if slides else start for slides in self._sliding]
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, head_dim], broadcast over heads
         wanted = set(hidden_layers)
         last = self.num_layers
         x, captured = self._through_layers(
             tokens, wanted,
             lambda index, layer, x: self._layer(layer, index, x, cache, cos, sin, masks[index],
-                                                start, n))
+                                                starts[index], n))
         x = x[:n]
         if last in wanted:
             x = self._norm(x, self.weights.norm)

@@ -186,6 +186,9 @@ class RowPlan:
         return RowPlan(torch.cat(caches), torch.cat(slots), torch.cat(lengths).to(torch.long),
                        row_index)
 
-    def attend(self, q: torch.Tensor, layer_kv: list[torch.Tensor]) -> torch.Tensor:
-        """q [rows, heads, head_dim]; layer_kv per request [2, kv_heads, slots, head_dim]."""
-        return kernels.attend(q.contiguous(), layer_kv, self.row_cache, self.row_len, self.row_index)
+    def attend(self, q: torch.Tensor, layer_kv: list[torch.Tensor], scale: float = 0.0,
+               softcap: float = 0.0) -> torch.Tensor:
+        """q [rows, heads, head_dim]; layer_kv per request [2, kv_heads, slots, head_dim];
+        scale and softcap as kernels.attend takes them (0: head_dim ** -0.5, no cap)."""
+        return kernels.attend(q.contiguous(), layer_kv, self.row_cache, self.row_len, self.row_index,
+                              scale, softcap)

@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from ..kv_cache import WindowKVCache
 from .base import BatchItem, ForwardOutput
 from .llama_attention import RowPlan
 from .llama_config import rotate
 from .llama_weights import LayerWeights
-from .llama_window import slots, window_mask
+from .llama_window import local_rows, needs_pieces, slots
 
 
 class BatchedRows:
@@ -38,8 +37,7 @@ class BatchedRows:
             raise ValueError("each item of a batch needs its own cache")
         for it in items:
             self._check(it.tokens, it.cache, it.positions, it.mask, it.num_logits, it.hidden_layers)
-        if any(isinstance(it.cache, WindowKVCache) and it.tokens.shape[0] > it.cache.block
-               for it in items):
+        if any(needs_pieces(it.cache, it.tokens.shape[0]) for it in items):
             return super().forward_batch(items)  # the long prefill goes in pieces
         starts: list[int] = []
         try:
@@ -62,21 +60,23 @@ class BatchedRows:
         positions = torch.cat([
             it.positions.to(self.device) if it.positions is not None else self._arange[s:s + n]
             for it, s, n in zip(items, starts, sizes)])
-        cos, sin = self._cos[positions], self._sin[positions]  # [rows, head_dim]
+        tables = self._row_tables(positions)
         plan = RowPlan.build([(s, n, it.mask) for it, s, n in zip(items, starts, sizes)])
         plans = [plan] * self.num_layers
+        layer_starts = [starts] * self.num_layers  # per layer, each request's first new slot
         if self._sliding:
-            local = RowPlan.build([(s, n, window_mask(self._arange, self.spec.sliding_window, s, n,
-                                                      it.positions, it.mask,
-                                                      getattr(it.cache, "offset", 0)))
-                                   for it, s, n in zip(items, starts, sizes)])
-            plans = [local if slides else plan for slides in self._sliding]
+            local = [local_rows(self._arange, self.spec.sliding_window, it.cache, s, n,
+                                it.positions, it.mask) for it, s, n in zip(items, starts, sizes)]
+            local_plan = RowPlan.build([(rows.start, n, rows.mask) for rows, n in zip(local, sizes)])
+            plans = [local_plan if slides else plan for slides in self._sliding]
+            local_starts = [rows.start for rows in local]
+            layer_starts = [local_starts if slides else starts for slides in self._sliding]
         wanted = set().union(*(it.hidden_layers for it in items))
         last = self.num_layers
         x, captured = self._through_layers(
             tokens, wanted,
-            lambda index, layer, x: self._row_layer(layer, index, x, items, starts, offsets, cos, sin,
-                                                    plans[index]))
+            lambda index, layer, x: self._row_layer(layer, index, x, items, layer_starts[index],
+                                                    offsets, *tables[index], plans[index]))
         counts = [n if it.num_logits is None else it.num_logits for it, n in zip(items, sizes)]
         head_rows = torch.cat([torch.arange(o + n - c, o + n) for o, n, c in zip(offsets, sizes, counts)])
         if last in wanted:
@@ -92,6 +92,22 @@ class BatchedRows:
             outputs.append(ForwardOutput(logits=logits[done:done + c], hidden=hidden))
             done += c
         return outputs
+
+    def _row_tables(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the RoPE (cos, sin) [rows, head_dim] of the rows' positions."""
+        return [(self._cos[positions], self._sin[positions])] * self.num_layers
+
+    def _store_rows(self, index: int, new_kv: torch.Tensor, items: list[BatchItem],
+                    starts: list[int], offsets: list[int]) -> list[torch.Tensor]:
+        """new_kv [2, kv_heads, rows, head_dim] into each request's cache slots of layer
+        `index`; returns those layers' [2, kv_heads, slots, head_dim] buffers."""
+        layer_kv = []
+        for it, start, offset in zip(items, starts, offsets):
+            n = it.tokens.shape[0]
+            kv = it.cache.kv[index]
+            kv[:, :, start:start + n] = new_kv[:, :, offset:offset + n]
+            layer_kv.append(kv)
+        return layer_kv
 
     def _row_layer(self, w: LayerWeights, index: int, x: torch.Tensor, items: list[BatchItem],
                    starts: list[int], offsets: list[int], cos: torch.Tensor, sin: torch.Tensor,
@@ -111,12 +127,7 @@ class BatchedRows:
         qk = rotate(qk, cos[:, None], sin[:, None])  # tables broadcast over heads
         new_kv = torch.cat((qk[:, heads:], qkv[:, heads + kv_heads:]), dim=1)  # [rows, 2 kv, hd]
         new_kv = new_kv.view(rows, 2, kv_heads, head_dim).permute(1, 2, 0, 3)  # [2, kv, rows, hd]
-        layer_kv = []
-        for it, start, offset in zip(items, starts, offsets):
-            n = it.tokens.shape[0]
-            kv = it.cache.kv[index]  # [2, kv_heads, slots, head_dim]
-            kv[:, :, start:start + n] = new_kv[:, :, offset:offset + n]
-            layer_kv.append(kv)
+        layer_kv = self._store_rows(index, new_kv, items, starts, offsets)
         out = plan.attend(qk[:, :heads], layer_kv)  # [rows, heads * head_dim]
         x = x + self._linear(w.o, out)
         gate_up = self._linear(w.gate_up, self._norm(x, w.mlp_norm))

@@ -69,8 +69,8 @@ def supports(config: dict) -> bool:
 def parse_config(config: dict) -> LlamaSpec:
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_TYPES:
-        raise ValueError(f"native backend runs {', '.join(SUPPORTED_TYPES)}; got model_type "
-                         f"{model_type!r}")
+        raise ValueError(f"native backend runs {', '.join(SUPPORTED_TYPES)}, gemma2, gemma3_text; "
+                         f"got model_type {model_type!r}")
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"native backend needs hidden_act silu, got {act!r}")

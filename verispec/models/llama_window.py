@@ -9,9 +9,10 @@ decoded alone: row invariance, hence bit-exact speculation, holds past the windo
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..kv_cache import WindowKVCache
 from .base import ForwardOutput
 
 
@@ -30,6 +31,31 @@ def window_mask(arange: torch.Tensor, window: int, start: int, n: int,
     return mask & (rows[:, None] - held[None, :] < window)
 
 
+@dataclass
+class LocalRows:
+    """Where a block's rows sit in the sliding layers' buffers, and what they see there."""
+    start: int  # the local slot of the first new row
+    mask: torch.Tensor  # [n, start + n] bool over local slots: causal or caller's, and in window
+
+
+def local_rows(arange: torch.Tensor, window: int, cache, start: int, n: int,
+               positions: torch.Tensor | None, mask: torch.Tensor | None) -> LocalRows:
+    """`start` and `mask` in the cache's own coordinates (after `slots`) -> the local
+    layers'. A MixedKVCache's local part has shifted `local_offset` positions
+    further than its global part; a WindowKVCache's layers all share one offset."""
+    shift = getattr(cache, "local_offset", 0)
+    if mask is not None and shift:
+        mask = mask[:, shift:]  # the dropped positions are outside every row's window
+    return LocalRows(start - shift, window_mask(arange, window, start - shift, n, positions, mask,
+                                                getattr(cache, "offset", 0) + shift))
+
+
+def needs_pieces(cache, n: int) -> bool:
+    """A block too long for a bounded sliding-window cache's room (it goes in pieces)."""
+    block = getattr(cache, "block", None)
+    return block is not None and n > block
+
+
 def slots(arange: torch.Tensor, cache, start: int, n: int, positions: torch.Tensor | None,
           mask: torch.Tensor | None):
     """A block reserved at position `start`: the slot it starts at, its positions and
@@ -44,9 +70,9 @@ def slots(arange: torch.Tensor, cache, start: int, n: int, positions: torch.Tens
     return start - offset, positions, mask
 
 
-def forward_pieces(model, tokens: torch.Tensor, cache: WindowKVCache, positions, mask,
+def forward_pieces(model, tokens: torch.Tensor, cache, positions, mask,
                    num_logits, hidden_layers) -> ForwardOutput:
-    """A prefill longer than a WindowKVCache's block, as consecutive causal pieces."""
+    """A prefill longer than a Window/MixedKVCache's block, as consecutive causal pieces."""
     if positions is not None or mask is not None:
         raise ValueError(f"a block of {tokens.shape[0]} positions with a mask exceeds this "
                          f"sliding-window cache's block of {cache.block}")

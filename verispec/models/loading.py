@@ -98,6 +98,19 @@ def ask_bos_as_llama_cpp(tokenizer, metadata: dict) -> None:
         tokenizer.add_bos_token = True
 
 
+def _as_llama_cpp_reads(config, metadata: dict) -> None:
+    """Fields transformers' GGUF conversion leaves at its class defaults where the
+    file (and llama.cpp) says otherwise: Phi-3's sliding window; a default
+    pad_token_id outside the file's vocabulary."""
+    arch = metadata.get("general.architecture")
+    window = metadata.get(f"{arch}.attention.sliding_window")
+    if arch == "phi3" and window:
+        config.sliding_window = int(window)
+    pad = getattr(config, "pad_token_id", None)
+    if isinstance(pad, int) and pad >= config.vocab_size:
+        config.pad_token_id = metadata.get("tokenizer.ggml.padding_token_id")
+
+
 def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
     """Dequantize a GGUF file into a dense HF directory under the cache; reuse it if present."""
     from .gguf_file import GGUFFile
@@ -113,15 +126,17 @@ def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
         raise ValueError(f"{gguf.name} carries Llama 3.1 RoPE factors (rope_freqs) that "
                          "transformers' GGUF conversion drops; run it with --weights quant")
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not quiet:
         print(f"verispec: converting {gguf.name} to dense weights once "
               f"(about 30 s), cached in {target}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     ask_bos_as_llama_cpp(tokenizer, metadata)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    _as_llama_cpp_reads(config, metadata)
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        str(gguf.parent), gguf_file=gguf.name, config=config, dtype=torch.float32)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
@@ -236,9 +251,9 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     backend lacks); weights="quant" then raises the reason instead."""
     from .. import kernels
     from .gguf_file import GGUFError, GGUFFile
+    from .gguf_arch import parse_arch
     from .gguf_weights import hf_config
     from .llama import NativeLlama
-    from .llama_config import parse_config
 
     gf = GGUFFile(gguf)  # GGUFError for a broken file, whatever `weights` says
     dev = resolve_device(device)
@@ -252,7 +267,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         reason = "verispec's CPU kernels are off on this machine (see the warning above)"
     else:
         try:
-            parse_config(hf_config(gf))
+            parse_arch(hf_config(gf))
         except GGUFError:
             raise
         except ValueError as exc:  # an architecture the native backend lacks
@@ -266,6 +281,19 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     tokenizer = gguf_tokenizer(gguf, metadata=gf.metadata)
     del gf  # the packs hold the weights; the file's pages can go
     return LoadedTarget(target, tokenizer, "native", "quant")
+
+
+def _gguf_not_native(gguf: Path) -> str:
+    """Why the native backend cannot run this GGUF file's architecture, or ""."""
+    from .gguf_arch import parse_arch
+    from .gguf_file import GGUFFile
+    from .gguf_weights import hf_config
+
+    try:
+        parse_arch(hf_config(GGUFFile(gguf)))
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dtype | None = None,
@@ -298,7 +326,9 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
 
     try:
         native = native_class(config)
-        not_native = ""
+        # transformers' conversion can drop what rules native out (Phi-3's LongRoPE
+        # factors): the file's own metadata decides.
+        not_native = _gguf_not_native(gguf) if gguf is not None else ""
     except ValueError as exc:
         native, not_native = None, str(exc)
     native_ok = not not_native
@@ -315,12 +345,17 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
             dtype = "fp32"
         loaded = load_hf(str(folder), dtype=dtype, device=device)
         note = f"hf (not native: {not_native})" if backend == "auto" and not_native else ""
+        tokenizer = gguf_tokenizer(gguf) if gguf is not None else loaded.tokenizer
         return LoadedTarget(HFModel(loaded.model, name=source or DEFAULT_MODEL),
-                            loaded.tokenizer, "hf", backend_note=note)
+                            tokenizer, "hf", backend_note=note)
     dev = resolve_device(device)
     target = native.from_dir(folder, dtype=resolve_dtype(dtype, dev), device=dev,
                              batch_invariant=batch_invariant)
     tokenizer = None
-    if any((folder / name).exists() for name in _TOKENIZER_FILES):
+    if gguf is not None:
+        # The quantized path's tokenizer: one object per file, whichever weights run
+        # (transformers' class for the architecture can differ, e.g. Gemma's on a BPE file).
+        tokenizer = gguf_tokenizer(gguf)
+    elif any((folder / name).exists() for name in _TOKENIZER_FILES):
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return LoadedTarget(target, tokenizer, "native")

@@ -85,18 +85,22 @@ def quantized_draft_weights(target, fmt: str, num_layers: int) -> ModelWeights:
     if weights.source is None:
         raise ValueError(f"{target.name} does not say where its weights came from")
     source = _DenseSource(weights.source, spec)
+    fused = spec.model_type == "phi3"  # q/k/v and gate/up stored as one matrix each
     layers = []
     for i, old in enumerate(weights.layers[:num_layers]):
         p = f"model.layers.{i}."
         get = source.get
+        qkv = ([get(p + "self_attn.qkv_proj.weight")] if fused else
+               [get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        gate_up = ([get(p + "mlp.gate_up_proj.weight")] if fused else
+                   [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
         layers.append(LayerWeights(
             attn_norm=old.attn_norm,
-            qkv=_quantized([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], fmt, old.qkv.bias),
+            qkv=_quantized(qkv, fmt, old.qkv.bias),
             qk_norm=old.qk_norm,
             o=_quantized([get(p + "self_attn.o_proj.weight")], fmt, old.o.bias),
             mlp_norm=old.mlp_norm,
-            gate_up=_quantized([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")],
-                               fmt, old.gate_up.bias),
+            gate_up=_quantized(gate_up, fmt, old.gate_up.bias),
             down=_quantized([get(p + "mlp.down_proj.weight")], fmt, old.down.bias),
         ))
     return ModelWeights(embedding=weights.embedding, layers=layers, norm=weights.norm,
