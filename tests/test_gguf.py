@@ -14,6 +14,7 @@ from gguf_support import Q, TinyShape, write_tiny_gguf
 from verispec import kernels
 from verispec.models.gguf_file import GGUFError, GGUFFile
 from verispec.models.llama import NativeLlama
+from verispec.models.native_gguf import native_from_gguf
 
 BLOCK_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 FLOAT_TYPES = [Q.F16, Q.BF16, Q.F32]
@@ -55,7 +56,7 @@ def test_dense_loader_equals_an_independent_reference(tmp_path, arch, tied):
     """The GGUF reader's mapping (names, metadata, llama's q/k row interleave) gives
     the transformers-order weights: same logits bit for bit, same fingerprint."""
     path, reference = pair(tmp_path, {"q": Q.Q4_K, "k": Q.Q5_0}, TinyShape(arch=arch, tied=tied))
-    loaded = NativeLlama.from_gguf(path, torch.bfloat16, quant=False)
+    loaded = native_from_gguf(path, torch.bfloat16, quant=False)
     assert loaded.spec == reference.spec
     assert loaded.weights_kind == "dense"
     assert torch.equal(logits_every_way(loaded), logits_every_way(reference))
@@ -69,7 +70,7 @@ def test_quantized_blocks_equal_dense_bf16(tmp_path, qtype):
     if not kernels.available():
         pytest.skip("kernels off on this CPU")
     path, reference = pair(tmp_path, qtype)
-    quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
+    quant = native_from_gguf(path, torch.bfloat16, quant=True)
     assert quant.weights_kind == "quant"
     assert torch.equal(logits_every_way(quant), logits_every_way(reference))
     assert quant.weights_fingerprint() == reference.weights_fingerprint()
@@ -82,12 +83,12 @@ def test_mixed_formats_of_a_q4_k_m_file(tmp_path, arch):
     not span whole 64-row tiles (one kv head of 32 rows) the parts run one by one.
     The dense logits bit for bit either way."""
     path, reference = pair(tmp_path, Q4_K_M, TinyShape(arch=arch, intermediate=768))
-    quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
+    quant = native_from_gguf(path, torch.bfloat16, quant=True)
     assert quant.layers[0].qkv.format == "Q4_K+Q6_K" and quant.layers[0].qkv.kernel
     assert torch.equal(logits_every_way(quant), logits_every_way(reference))
     odd = TinyShape(arch=arch, heads=8, kv_heads=1, hidden=256)  # k: 32 rows, not a 64-row tile
     path, reference = pair(tmp_path / "odd", Q4_K_M | {"q": Q.Q6_K, "k": Q.Q4_K}, odd)
-    quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
+    quant = native_from_gguf(path, torch.bfloat16, quant=True)
     assert quant.layers[0].qkv.format == "Q6_K+Q4_K" and not quant.layers[0].qkv.kernel
     assert torch.equal(logits_every_way(quant), logits_every_way(reference))
 
@@ -98,7 +99,7 @@ def test_a_block_type_the_kernels_lack_runs_dense(tmp_path, capfd):
     if not lacking:
         pytest.skip("the kernels run every test type")
     path, reference = pair(tmp_path, {"gate": lacking[0], "q": Q.Q8_0})
-    quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
+    quant = native_from_gguf(path, torch.bfloat16, quant=True)
     notes = [line for line in capfd.readouterr().err.splitlines() if lacking[0].name in line]
     assert len(notes) == 1 and "dense bf16" in notes[0]
     assert quant.layers[0].gate_up.format == "bf16+Q8_0"
@@ -119,19 +120,19 @@ def test_llama31_rope_freqs(tmp_path):
     shape = TinyShape(llama3_rope=True)
     path, _ = pair(tmp_path, Q.Q8_0, shape)
     reference = NativeLlama.from_dir(tmp_path / "ref", torch.float32)
-    loaded = NativeLlama.from_gguf(path, torch.float32, quant=False)
+    loaded = native_from_gguf(path, torch.float32, quant=False)
     assert loaded.spec.rope.kind == "freq_factors" and reference.spec.rope.kind == "llama3"
     ours, theirs = (inverse_frequencies(m.spec.rope, shape.head_dim) for m in (loaded, reference))
     assert torch.allclose(ours, theirs, rtol=3e-7, atol=0)
     want = logits_every_way(reference)
     assert (logits_every_way(loaded) - want).abs().max() < 1e-3 * want.abs().max()
-    plain = NativeLlama.from_gguf(write_tiny_gguf(tmp_path / "plain.gguf", Q.Q8_0, TinyShape()),
+    plain = native_from_gguf(write_tiny_gguf(tmp_path / "plain.gguf", Q.Q8_0, TinyShape()),
                                   torch.float32, quant=False)
     assert not torch.equal(inverse_frequencies(plain.spec.rope, shape.head_dim), theirs)
     assert (logits_every_way(plain) - want).abs().max() > 1e-2 * want.abs().max()
     if kernels.available():
-        quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
-        dense = NativeLlama.from_gguf(path, torch.bfloat16, quant=False)
+        quant = native_from_gguf(path, torch.bfloat16, quant=True)
+        dense = native_from_gguf(path, torch.bfloat16, quant=False)
         assert torch.equal(logits_every_way(quant), logits_every_way(dense))
     # The transformers conversion (--weights dense) would drop the factors: refused.
     from verispec.models.loading import convert_gguf
@@ -174,7 +175,7 @@ def test_corrupt_metadata(tmp_path):
 def test_shape_that_disagrees_with_the_config(tmp_path):
     path = write_tiny_gguf(tmp_path / "tiny.gguf", corrupt_shape="o")
     with pytest.raises(GGUFError, match=r"blk\.0\.attn_output\.weight has shape \(257, 256\)"):
-        NativeLlama.from_gguf(path, torch.bfloat16, quant=False)
+        native_from_gguf(path, torch.bfloat16, quant=False)
 
 
 def test_mutated_headers_never_crash(tmp_path):

@@ -15,7 +15,7 @@ from test_gguf import TOKENS, logits_every_way
 from tokenizer_support import TEXTS, family_tokenizer, gguf_bpe_writer
 from verispec import Engine, SamplingParams, SpecConfig, kernels
 from verispec.models.gemma import NativeGemma, native_class
-from verispec.models.llama import NativeLlama
+from verispec.models.native_gguf import native_from_gguf
 from verispec.models.llama_weights import read_config
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="verispec kernels unavailable")
@@ -44,7 +44,7 @@ def _files(tmp_path, arch: str, tokenizer=None):
 @pytest.mark.parametrize("arch", list(SHAPES))
 def test_quantized_file_equals_its_weights_dense_and_transformers(tmp_path, arch):
     path, ref = _files(tmp_path, arch)
-    quant = NativeLlama.from_gguf(path, torch.bfloat16, quant=True)
+    quant = native_from_gguf(path, torch.bfloat16, quant=True)
     assert isinstance(quant, NativeGemma) == arch.startswith("gemma")
     assert quant.weights_kind == "quant" and quant.spec.sliding_layers == SLIDING[arch]
     assert quant.row_kernels and quant.fuses_batches

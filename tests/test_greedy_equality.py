@@ -15,6 +15,7 @@ from verispec import Engine, SamplingParams, SpecConfig, kernels
 from verispec.lossless import compare_greedy
 from verispec.models.hf import HFModel
 from verispec.models.llama import NativeLlama
+from verispec.models.native_gguf import native_from_gguf
 
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], [42], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
 SPECS = {
@@ -46,7 +47,7 @@ def tiny_quant(tiny_gguf):
     """The GGUF's blocks in verispec's kernels: the default path for a GGUF file."""
     if not _quant_ready():
         pytest.skip("verispec's kernels lack Q4_0 on this CPU")
-    return NativeLlama.from_gguf(tiny_gguf, torch.bfloat16, quant=True)
+    return native_from_gguf(tiny_gguf, torch.bfloat16, quant=True)
 
 
 @pytest.fixture(scope="module")

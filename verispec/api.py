@@ -15,6 +15,7 @@ from .metrics import Stats
 from .models.base import TargetModel
 from .models.llama import NativeLlama
 from .models.loading import DEFAULT_MODEL, load_target
+from .models.quant_draft import quantized_draft
 from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
 from .proposers.base import ProposerSetup
@@ -166,10 +167,10 @@ class Engine:
             return self._drafts[source]
         if source.startswith("quant:"):
             fmt, layers = parse_quant_source(source)
-            if not hasattr(self.target, "quantized_draft"):
+            if not isinstance(self.target, NativeLlama):
                 raise ValueError(f"{self.target.name} cannot make a quantized self-draft "
                                  f"(it needs the native backend)")
-            draft = self.target.quantized_draft(fmt, layers)
+            draft = quantized_draft(self.target, fmt, layers)
         elif source.startswith("self:"):
             layers = source.split(":", 1)[1]
             if not layers.isdigit():

@@ -111,27 +111,6 @@ class NativeLlama(BatchedRows, TargetModel):
                    name=f"native:{Path(str(name)).name or folder.name}",
                    batch_invariant=batch_invariant, cache_limit=cache_limit)
 
-    @classmethod
-    def from_gguf(cls, path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
-                  quant: bool = True, batch_invariant: bool = False,
-                  cache_limit: int = DEFAULT_CACHE_LIMIT, quiet: bool = False) -> "NativeLlama":
-        """A target read straight from a GGUF file (a path or an open GGUFFile):
-        quant=True keeps the weights in their blocks for the kernels, quant=False
-        dequantizes them to `dtype`."""
-        from .gguf_weights import read_gguf
-
-        device = torch.device(device)
-        model = read_gguf(path, dtype, device, quant, quiet)
-        if model.gemma is not None:
-            from .gemma import NativeGemma
-
-            return NativeGemma(model.spec, model.gemma, model.weights, model.norms, dtype, device,
-                               model.eos_token_ids, name=f"native:{model.path.stem}",
-                               batch_invariant=batch_invariant, cache_limit=cache_limit)
-        return cls(model.spec, model.weights, dtype, device, model.eos_token_ids,
-                   name=f"native:{model.path.stem}", batch_invariant=batch_invariant,
-                   cache_limit=cache_limit)
-
     @property
     def weights_kind(self) -> str:
         """"quant" when GGUF blocks run in the kernels, else "dense"."""
@@ -167,19 +146,6 @@ class NativeLlama(BatchedRows, TargetModel):
             raise ValueError(
                 f"self:L needs 1 <= L <= {self.num_layers} for {self.name}, got {num_layers}")
         return self._sibling(self.weights, f"{self.name}[:{num_layers}]", num_layers)
-
-    def quantized_draft(self, fmt: str, num_layers: int | None = None) -> "NativeLlama":
-        """A self-draft: this model's first `num_layers` layers (all by default)
-        cast to the GGUF block format `fmt`, sharing the embedding, norms and LM head."""
-        from .quant_draft import quantized_draft_weights
-
-        layers = num_layers or self.num_layers
-        if not 1 <= layers <= self.num_layers:
-            raise ValueError(f"quant:{fmt}:L needs 1 <= L <= {self.num_layers} for {self.name}, "
-                             f"got {layers}")
-        weights = quantized_draft_weights(self, fmt, layers)
-        cut = f"[:{layers}]" if layers < self.num_layers else ""
-        return self._sibling(weights, f"{self.name}~{fmt}{cut}", layers)
 
     def _sibling(self, weights: ModelWeights, name: str, num_layers: int) -> "NativeLlama":
         """A model of this one's spec and settings over `weights` (a layer-skip or

@@ -253,7 +253,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     from .gguf_file import GGUFError, GGUFFile
     from .gguf_arch import parse_arch
     from .gguf_weights import hf_config
-    from .llama import NativeLlama
+    from .native_gguf import native_from_gguf
 
     gf = GGUFFile(gguf)  # GGUFError for a broken file, whatever `weights` says
     dev = resolve_device(device)
@@ -276,7 +276,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         if weights == "quant":
             raise ValueError(f"--weights quant: {reason}; use --weights dense")
         return None
-    target = NativeLlama.from_gguf(gf, torch_dtype, dev, quant=True,
+    target = native_from_gguf(gf, torch_dtype, dev, quant=True,
                                    batch_invariant=batch_invariant)
     tokenizer = gguf_tokenizer(gguf, metadata=gf.metadata)
     del gf  # the packs hold the weights; the file's pages can go

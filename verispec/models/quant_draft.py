@@ -106,3 +106,16 @@ def quantized_draft_weights(target, fmt: str, num_layers: int) -> ModelWeights:
     return ModelWeights(embedding=weights.embedding, layers=layers, norm=weights.norm,
                         lm_head=weights.lm_head, fingerprint_parts=[], weights_kind="quant",
                         source=weights.source)
+
+
+def quantized_draft(target, fmt: str, num_layers: int | None = None):
+    """A self-draft: the native `target`'s first `num_layers` layers (all by default)
+    cast to the GGUF block format `fmt`, sharing the embedding, norms and LM head.
+    It lives here, not on the model, because it reads the model's source file."""
+    layers = num_layers or target.num_layers
+    if not 1 <= layers <= target.num_layers:
+        raise ValueError(f"quant:{fmt}:L needs 1 <= L <= {target.num_layers} for {target.name}, "
+                         f"got {layers}")
+    weights = quantized_draft_weights(target, fmt, layers)
+    cut = f"[:{layers}]" if layers < target.num_layers else ""
+    return target._sibling(weights, f"{target.name}~{fmt}{cut}", layers)
