@@ -109,20 +109,26 @@ def _sampled_counts(tmp_path, kind: str, runs: int, **spec_options):
     exact marginals to expect."""
     target = tiny_target(11, layers=1, vocab=8)
     head = str(random_head(tmp_path / kind, kind, target, seed=1))
-    engine = Engine(target)
     prompt = [1, 2, 3]
     temperature = 2.0  # flatten the peaked tiny model so every token has mass
-    counts = np.zeros((2, 8))
+    counts, drafted, accepted = _first_two_counts(
+        Engine(target), prompt, SpecConfig(kind, k=2, head=head, **spec_options), temperature, runs)
+    return counts, _exact_marginals(target, prompt, temperature), drafted, accepted
+
+
+def _first_two_counts(engine, prompt: list[int], spec, temperature: float, runs: int):
+    """How often each token came first and second over `runs` seeded three-token
+    requests ([2, vocab]), with the drafted and accepted totals."""
+    counts = np.zeros((2, engine.target.vocab_size))
     drafted = accepted = 0
     for seed in range(runs):
         got = engine.generate(prompt, SamplingParams(temperature=temperature, seed=seed,
-                                                     max_new_tokens=3),
-                              SpecConfig(kind, k=2, head=head, **spec_options))
+                                                     max_new_tokens=3), spec)
         counts[0, got.token_ids[0]] += 1
         counts[1, got.token_ids[1]] += 1
         drafted += got.stats.drafted
         accepted += got.stats.accepted
-    return counts, _exact_marginals(target, prompt, temperature), drafted, accepted
+    return counts, drafted, accepted
 
 
 def _worst_pvalue(counts, marginals, runs: int) -> float:

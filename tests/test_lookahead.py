@@ -4,14 +4,12 @@ its budget, and the proposer is lossless (greedy identical on chains and trees,
 both backends, the default model; sampled output the target's)."""
 from __future__ import annotations
 
-import random
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import CharTokenizer, tiny_target
-from test_head_equality import _exact_marginals, _worst_pvalue
+from test_head_equality import _exact_marginals, _first_two_counts, _worst_pvalue
 from tree_support import tree_request
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.cli_args import spec_from
@@ -193,15 +191,7 @@ def test_sampled_output_follows_the_target():
     engine = Engine(target)
     prompt, temperature, runs = [1, 2, 3, 1, 2, 3, 1, 2], 2.0, 1000
     spec = parse_spec(proposer="lookahead", k=2, lookahead_window=3, lookahead_ngram=3, lookahead_guesses=3)
-    counts = np.zeros((2, 8))
-    drafted = accepted = 0
-    for seed in range(runs):
-        got = engine.generate(prompt, SamplingParams(temperature=temperature, seed=seed,
-                                                     max_new_tokens=3), spec)
-        counts[0, got.token_ids[0]] += 1
-        counts[1, got.token_ids[1]] += 1
-        drafted += got.stats.drafted
-        accepted += got.stats.accepted
+    counts, drafted, accepted = _first_two_counts(engine, prompt, spec, temperature, runs)
     assert drafted >= 2 * runs and 0.1 * runs < accepted < drafted
     assert _worst_pvalue(counts, _exact_marginals(target, prompt, temperature), runs) > 1e-3
 

@@ -11,10 +11,9 @@ import tracemalloc
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import CharTokenizer, tiny_target
-from test_head_equality import _exact_marginals, _worst_pvalue
+from test_head_equality import _exact_marginals, _first_two_counts, _worst_pvalue
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.cli import main
 from verispec.lossless import compare_greedy
@@ -227,15 +226,7 @@ def test_sampled_output_follows_the_target(tree):
         engine.suffix_store.add([1, 2, 3, rng.randrange(8), rng.randrange(8)])
     prompt, temperature, runs = [1, 2, 3], 2.0, 1000
     spec = SpecConfig("suffix", k=2, tree=tree, suffix_min_prob=0.0)
-    counts = np.zeros((2, 8))
-    drafted = accepted = 0
-    for seed in range(runs):
-        got = engine.generate(prompt, SamplingParams(temperature=temperature, seed=seed,
-                                                     max_new_tokens=3), spec)
-        counts[0, got.token_ids[0]] += 1
-        counts[1, got.token_ids[1]] += 1
-        drafted += got.stats.drafted
-        accepted += got.stats.accepted
+    counts, drafted, accepted = _first_two_counts(engine, prompt, spec, temperature, runs)
     assert drafted >= 2 * runs and 0.1 * runs < accepted < drafted
     assert _worst_pvalue(counts, _exact_marginals(target, prompt, temperature), runs) > 1e-3
 

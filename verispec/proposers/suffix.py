@@ -28,8 +28,6 @@ import heapq
 import math
 from dataclasses import dataclass
 
-import torch
-
 from ..acceptance import Evidence
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .ngram import match_evidence
