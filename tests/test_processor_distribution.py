@@ -15,6 +15,7 @@ fails the same test.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -84,7 +85,9 @@ def chain_step(processor, committed, sampling, gen, k, one_hot):
     drafted = torch.tensor(drafts, dtype=torch.long)
     processed = processor.process(raw, committed, len(PROMPT), drafted, chain_ancestry(k))
     draft_probs = torch.stack(rows) if rows else None  # [k, V]
-    return engine_module._verify(drafted, draft_probs, processed, sampling, gen).tokens
+    # The engine's own chain verifier reads only these three fields of a sequence.
+    seq = SimpleNamespace(sampling=sampling, lossy_typical=False, generator=gen)
+    return engine_module._verify_chain(drafted, draft_probs, processed, seq).tokens
 
 
 def tree_step(processor, committed, sampling, gen, depth):
