@@ -226,17 +226,8 @@ class NativeGemma(NativeLlama):
                 self.spec.rms_eps, self.gemma.scaling, self._softcap, cos, sin,
                 [it.cache.kv[index] for it in items], plan.row_cache, plan.row_slot, plan.row_len,
                 plan.row_index)
-        rows = x.shape[0]
-        heads, kv_heads, head_dim = self._heads, self._kv_heads, self._head_dim
-        qkv = self._linear(w.qkv, self._norm(x, w.attn_norm)).view(rows, heads + 2 * kv_heads, head_dim)
-        qk = qkv[:, : heads + kv_heads]
-        if w.qk_norm is not None:
-            qk = self._norm(qk, w.qk_norm)
-        qk = rotate(qk, cos[:, None], sin[:, None])
-        new_kv = torch.cat((qk[:, heads:], qkv[:, heads + kv_heads:]), dim=1)  # [rows, 2 kv, hd]
-        new_kv = new_kv.view(rows, 2, kv_heads, head_dim).permute(1, 2, 0, 3)
-        layer_kv = self._store_rows(index, new_kv, items, starts, offsets)
-        out = plan.attend(qk[:, :heads], layer_kv, self.gemma.scaling, self._softcap)
+        queries, layer_kv = self._rows_qkv(w, index, x, cos, sin, items, starts, offsets)
+        out = plan.attend(queries, layer_kv, self.gemma.scaling, self._softcap)
         return self._mlp(w, index, x, out)
 
     def _mlp(self, w: LayerWeights, index: int, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

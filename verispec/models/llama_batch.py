@@ -109,15 +109,10 @@ class BatchedRows:
             layer_kv.append(kv)
         return layer_kv
 
-    def _row_layer(self, w: LayerWeights, index: int, x: torch.Tensor, items: list[BatchItem],
-                   starts: list[int], offsets: list[int], cos: torch.Tensor, sin: torch.Tensor,
-                   plan: RowPlan) -> torch.Tensor:
-        if self._fused and self._fused_args[index] is not None:
-            return kernels.decoder_layer(
-                x, self._fused_args[index],
-                [self._heads, self._kv_heads, self._head_dim, self.spec.intermediate_size],
-                self.spec.rms_eps, cos, sin, [it.cache.kv[index] for it in items],
-                plan.row_cache, plan.row_slot, plan.row_len, plan.row_index)
+    def _rows_qkv(self, w: LayerWeights, index: int, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, items: list[BatchItem], starts, offsets):
+        """The rows' rotated queries [rows, heads, hd], and the layer's keys and values
+        with the rows' own stored (every architecture's attention input, by ops)."""
         rows = x.shape[0]
         heads, kv_heads, head_dim = self._heads, self._kv_heads, self._head_dim
         qkv = self._linear(w.qkv, self._norm(x, w.attn_norm)).view(rows, heads + 2 * kv_heads, head_dim)
@@ -127,8 +122,19 @@ class BatchedRows:
         qk = rotate(qk, cos[:, None], sin[:, None])  # tables broadcast over heads
         new_kv = torch.cat((qk[:, heads:], qkv[:, heads + kv_heads:]), dim=1)  # [rows, 2 kv, hd]
         new_kv = new_kv.view(rows, 2, kv_heads, head_dim).permute(1, 2, 0, 3)  # [2, kv, rows, hd]
-        layer_kv = self._store_rows(index, new_kv, items, starts, offsets)
-        out = plan.attend(qk[:, :heads], layer_kv)  # [rows, heads * head_dim]
+        return qk[:, :heads], self._store_rows(index, new_kv, items, starts, offsets)
+
+    def _row_layer(self, w: LayerWeights, index: int, x: torch.Tensor, items: list[BatchItem],
+                   starts: list[int], offsets: list[int], cos: torch.Tensor, sin: torch.Tensor,
+                   plan: RowPlan) -> torch.Tensor:
+        if self._fused and self._fused_args[index] is not None:
+            return kernels.decoder_layer(
+                x, self._fused_args[index],
+                [self._heads, self._kv_heads, self._head_dim, self.spec.intermediate_size],
+                self.spec.rms_eps, cos, sin, [it.cache.kv[index] for it in items],
+                plan.row_cache, plan.row_slot, plan.row_len, plan.row_index)
+        queries, layer_kv = self._rows_qkv(w, index, x, cos, sin, items, starts, offsets)
+        out = plan.attend(queries, layer_kv)  # [rows, heads * head_dim]
         x = x + self._linear(w.o, out)
         gate_up = self._linear(w.gate_up, self._norm(x, w.mlp_norm))
         inter = gate_up.shape[-1] // 2
