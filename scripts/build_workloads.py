@@ -345,21 +345,47 @@ def main() -> None:
     args = parser.parse_args()
     tok = load_tokenizer()
     sets = build_all(tok)
-    stale = []
+    stale, other_env = [], []
     for name, prompts in sets.items():
         text = "".join(b.line() + "\n" for b in prompts)
         path = OUT_DIR / f"{name}.jsonl"
         if args.check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                stale.append(path.name)
+            found, drift = check_file(path, prompts)
+            stale += found
+            other_env += drift
         else:
             OUT_DIR.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             print(f"{path}: {len(prompts)} prompts")
     if args.stats:
         print_stats(tok, sets)
+    for line in other_env:
+        print(f"not checkable here: {line}", file=sys.stderr)
     if stale:
         sys.exit(f"out of date (rerun without --check): {', '.join(stale)}")
+
+
+def check_file(path: Path, prompts: list[Built]) -> tuple[list[str], list[str]]:
+    """(stale prompts, prompts built from other versions of their material). A prompt whose
+    `source` names a package version this machine does not have cannot be rebuilt here, so
+    it is reported, not called out of date: the file is a record of that version."""
+    if not path.is_file():
+        return [path.name], []
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    kept = {r["id"]: r for r in records}
+    stale, drift = [], []
+    if [r["id"] for r in records] != [b.id for b in prompts]:
+        stale.append(f"{path.name} (prompts added, dropped or reordered)")
+    for b in prompts:
+        record = kept.get(b.id)
+        if record is None or record["workload"] != b.workload:
+            stale.append(f"{path.name}:{b.id}")
+        elif record["source"].split(":")[0] != b.source.split(":")[0]:
+            drift.append(f"{b.id} was built from {record['source'].split(':')[0]}, "
+                         f"this machine has {b.source.split(':')[0]}")
+        elif json.dumps(record, ensure_ascii=False) != b.line():
+            stale.append(f"{path.name}:{b.id}")
+    return stale, drift
 
 
 if __name__ == "__main__":
