@@ -140,25 +140,38 @@ def _copy_along(model: torch.nn.Module, path: list[str], num_layers: int, cfg) -
     return top
 
 
+# An fp32 copy of the head is kept only up to this size; a larger head (an 8B model's
+# 128k x 4096 is 2 GB in fp32) is cast slice by slice on every forward instead, so the
+# extra memory stays bounded whatever the model.
+FP32_HEAD_BYTES = 256 << 20
+
+
 def _fp32_head(head: torch.nn.Module) -> None:
     """Compute a half-precision model's LM head in fp32, from the same half-precision
     hidden state. bf16 logits of magnitude 16-32 are 0.125 apart, coarser than the
     law's 0.1 near-tie bound, so two candidates a hair apart would round to a gap
     the law cannot excuse; fp32 logits keep the gap the hidden state really implies.
     Plain and speculative decoding share this head, so both see the same model. Any
-    later logit step (Gemma 2's soft-capping) then runs in fp32 as well."""
+    later logit step (Gemma 2's soft-capping) then runs in fp32 as well. The module's
+    own forward is replaced, not hooked, so the half-precision head never runs."""
     if getattr(head, "_verispec_fp32", False):  # a layer-skip draft shares the head
         return
-    weights: dict[str, torch.Tensor | None] = {}
+    weight, bias = head.weight, getattr(head, "bias", None)
+    rows = max(1, FP32_HEAD_BYTES // (4 * weight.shape[1]))
+    kept: dict[str, torch.Tensor | None] = {}
 
-    def fp32_output(module, inputs, output):
-        if "weight" not in weights:
-            weights["weight"] = module.weight.detach().float()
-            bias = getattr(module, "bias", None)
-            weights["bias"] = None if bias is None else bias.detach().float()
-        return torch.nn.functional.linear(inputs[0].float(), weights["weight"], weights["bias"])
+    def fp32_forward(hidden: torch.Tensor) -> torch.Tensor:
+        x = hidden.float()
+        if rows >= weight.shape[0]:
+            if "weight" not in kept:
+                kept["weight"] = weight.detach().float()
+                kept["bias"] = None if bias is None else bias.detach().float()
+            return torch.nn.functional.linear(x, kept["weight"], kept["bias"])
+        return torch.cat([torch.nn.functional.linear(
+            x, weight[i:i + rows].float(), None if bias is None else bias[i:i + rows].float())
+            for i in range(0, weight.shape[0], rows)], dim=-1)
 
-    head.register_forward_hook(fp32_output)
+    head.forward = fp32_forward
     head._verispec_fp32 = True
 
 
