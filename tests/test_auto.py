@@ -4,7 +4,6 @@ decoding, and the laws it must keep (greedy output equals plain decoding)."""
 from __future__ import annotations
 
 import statistics
-import time
 
 import pytest
 import torch
@@ -21,8 +20,23 @@ from verispec.proposers.base import DraftContext, Proposal, Proposer
 from verispec.token_tree import TokenTree
 
 
+class Clock:
+    """auto's clock in these tests: it moves only when a Scripted proposer drafts."""
+    now = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        return cls.now
+
+
+@pytest.fixture(autouse=True)
+def _modelled_clock(monkeypatch):
+    monkeypatch.setattr("verispec.proposers.auto.time", Clock)
+
+
 class Scripted(Proposer):
-    """Guesses from a fixed future: right while `good(position)` holds, else wrong."""
+    """Guesses from a fixed future: right while `good(position)` holds, else wrong; each
+    drafted token advances `Clock` by `seconds_per_token`."""
 
     def __init__(self, name: str, future: list[int], good, free: bool = False) -> None:
         self.name, self.future, self.good, self.free = name, future, good, free
@@ -34,8 +48,7 @@ class Scripted(Proposer):
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         self.calls += 1
         self.asked.append(k)
-        if self.seconds_per_token:
-            time.sleep(self.seconds_per_token * k)
+        Clock.now += self.seconds_per_token * k
         if ctx.target_hidden:
             self.rows += ctx.target_hidden[0][:, 0].long().tolist()
         at = len(ctx.tokens)

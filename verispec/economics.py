@@ -94,12 +94,6 @@ def depths(alphas: Sequence[float], k: int) -> np.ndarray:
     return np.concatenate([a[:k], np.full(max(0, k - a.size), a[-1] if a.size else 0.0)])
 
 
-def expected_tokens_per_pass(alphas: Sequence[float], k: int) -> float:
-    """E(k) with depth-dependent acceptance; `expected_tokens(alpha, k)` when every
-    alpha_i == alpha. Depths beyond len(alphas) reuse the last one."""
-    return float(tokens_per_pass(depths(alphas, k))[k]) if k > 0 else 1.0
-
-
 @dataclass(frozen=True)
 class Choice:
     k: int  # draft length
