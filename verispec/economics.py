@@ -142,11 +142,11 @@ class DraftPrice:
         return (self._seconds + prior) / (self._tokens + 1.0)
 
     def observe(self, seconds: float, tokens: int, prior: float = 0.0) -> None:
-        """One proposal's seconds for `tokens` requested drafts. A zero reading is an
-        untimed step (a stopped clock), and a proposer's first call may carry warm-up
-        (a kernel's first shape), so neither counts; a later one-off stall is clipped
-        at four times the estimate."""
-        if tokens <= 0 or not (seconds > 0.0 and math.isfinite(seconds)):
+        """One proposal's seconds for `tokens` requested drafts (0 for a free lookup is
+        a reading; the caller leaves out steps its clock did not time). A proposer's
+        first call may carry warm-up (a kernel's first shape), so it does not count; a
+        later one-off stall is clipped at four times the estimate."""
+        if tokens <= 0 or not (seconds >= 0.0 and math.isfinite(seconds)):
             return
         if not self._warm:
             self._warm = True

@@ -248,12 +248,14 @@ class AdaptiveK:
             self._idle = 0
 
     def _time(self, obs: StepObservation) -> None:
-        # Draft seconds are the request's own even in a shared batch; verify seconds are
-        # timed only when the forward was (a zero reading is a stub clock, not a free one).
+        # A zero forward reading is an untimed step (a stub clock), not a free forward.
+        if obs.verify_seconds == 0.0:
+            return
+        # Draft seconds are the request's own even in a shared batch (verify_seconds None).
         if obs.draft_seconds is not None:
             prior = self.cost.draft_cost * float(self._verify_prediction(1)[0])
             self.draft_price.observe(obs.draft_seconds, obs.k_requested, prior)
-        if not obs.verify_seconds:
+        if obs.verify_seconds is None:
             return
         if not self._warm:
             self._warm = True  # a request's first timed step may carry warm-up
