@@ -9,10 +9,8 @@ price), chooses the batch's draft lengths itself, and turns each into a plan wit
 (`own_clock=False`), so the policy does not learn a per-request cost from it.
 
     policy.plan(ctx, room) -> Plan          # a request that runs alone
-    policy.quote(ctx, room) -> Quote        # a batch allocator's view
+    policy.quote(ctx, room, cost) -> Quote  # a batch allocator's view (cost: its curve)
     policy.observe(plan, outcome)           # after every verified step
-
-    policy.quote(ctx, room, cost) -> Quote  # ... pricing widths on the batch's curve
 
 Policies: `FixedK` (the request's k), `AdaptiveKPolicy` (verispec.policy.AdaptiveK:
 rate-maximising k per step), `AdaptiveTreePolicy` (verispec.tree_policy: depth
