@@ -3,7 +3,7 @@ goodput, its switch when the text changes character, its fall back to plain
 decoding, and the laws it must keep (greedy output equals plain decoding)."""
 from __future__ import annotations
 
-import time
+import statistics
 
 import pytest
 import torch
@@ -14,12 +14,29 @@ from verispec import Engine, SamplingParams, SpecConfig
 from verispec.lossless import compare_greedy
 from verispec.acceptance import Evidence
 from verispec.economics import chain_tokens
+from verispec.plan import AutoPolicy, Outcome, PlanContext
 from verispec.proposers.auto import AutoProposer
 from verispec.proposers.base import DraftContext, Proposal, Proposer
+from verispec.token_tree import TokenTree
+
+
+class Clock:
+    """auto's clock in these tests: it moves only when a Scripted proposer drafts."""
+    now = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        return cls.now
+
+
+@pytest.fixture(autouse=True)
+def _modelled_clock(monkeypatch):
+    monkeypatch.setattr("verispec.proposers.auto.time", Clock)
 
 
 class Scripted(Proposer):
-    """Guesses from a fixed future: right while `good(position)` holds, else wrong."""
+    """Guesses from a fixed future: right while `good(position)` holds, else wrong; each
+    drafted token advances `Clock` by `seconds_per_token`."""
 
     def __init__(self, name: str, future: list[int], good, free: bool = False) -> None:
         self.name, self.future, self.good, self.free = name, future, good, free
@@ -31,8 +48,7 @@ class Scripted(Proposer):
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         self.calls += 1
         self.asked.append(k)
-        if self.seconds_per_token:
-            time.sleep(self.seconds_per_token * k)
+        Clock.now += self.seconds_per_token * k
         if ctx.target_hidden:
             self.rows += ctx.target_hidden[0][:, 0].long().tolist()
         at = len(ctx.tokens)
@@ -41,24 +57,43 @@ class Scripted(Proposer):
         return Proposal(torch.tensor(guess, dtype=torch.long))
 
 
-def _drive(auto: AutoProposer, future: list[int], steps: int, k: int = 4) -> list[str]:
-    """A stand-in engine: commit what a perfect verifier would (matched prefix + 1)."""
+def _drive(auto: AutoProposer, future: list[int], steps: int, k: int = 4,
+           slope: float = 0.02, plans: list | None = None, tree: int = 0) -> list[str]:
+    """A stand-in engine, run as `run_alone` runs a request: its policy plans, `auto`
+    drafts, a perfect verifier commits the matched prefix + 1, and the pass takes the
+    modelled T(n) = 2 ms (1 + slope (n - 1)) for the n positions it fed."""
+    policy = AutoPolicy(SpecConfig("auto", k=k, tree=tree))
     tokens = future[:5]
     hidden = torch.arange(4.0)[:, None]  # one row per committed position, valued by position
     picks = []
     for _ in range(steps):
-        proposal = auto.propose(DraftContext(list(tokens), 5, (hidden,)), k)
+        ctx = DraftContext(list(tokens), 5, (hidden,), tree_nodes=tree)
+        plan = policy.plan(PlanContext(ctx, auto), k)
+        ctx.candidate = plan.candidate
+        if plans is not None:
+            plans.append(plan)
+        proposal = auto.propose(ctx, plan.k or 1)  # k = 0: the shadow call, drafts nothing
+        assert plan.k or not len(proposal)
         picks.append(auto.active)
+        tree = proposal.tree
+        guesses = [[tree.token_list[i] for i in path] for path in tree.paths()] \
+            if tree is not None else [proposal.tokens.tolist()]
         at = len(tokens)
-        matched = 0
-        for guess in proposal.tokens.tolist():
-            if guess != future[at + matched]:
-                break
-            matched += 1
+        matched = max(_prefix(guess, future[at:]) for guess in guesses)
+        fed = len(proposal.tree) if proposal.tree is not None else len(proposal)
+        policy.observe(plan, Outcome(fed, matched, verify_seconds=0.002 * (1 + slope * fed)))
         tokens = future[:at + matched + 1]
         hidden = torch.arange(at - 1.0, len(tokens) - 1.0)[:, None]
-        time.sleep(0.002)  # the target pass: drafting must be cheap next to it to pay
     return picks
+
+
+def _prefix(guess: list[int], actual: list[int]) -> int:
+    matched = 0
+    for token, want in zip(guess, actual):
+        if token != want:
+            break
+        matched += 1
+    return matched
 
 
 def test_expected_tokens_formula():
@@ -124,19 +159,26 @@ def test_evidence_keys_switch_candidates_within_one_request():
     def run(copy_proposer):
         model = Scripted("eagle", future, lambda p: not copying(p))
         auto = AutoProposer({"ngram": copy_proposer, "eagle": model}, probe_every=4)
-        tokens, picks_at, passes = future[:5], [], 0
+        steps = 0
+        picks_at = []
+        policy = AutoPolicy(SpecConfig("auto", k=4))
+        tokens = future[:5]
         while len(tokens) < 700:
-            proposal = auto.propose(DraftContext(list(tokens), 5, ()), 4)
+            ctx = DraftContext(list(tokens), 5, ())
+            plan = policy.plan(PlanContext(ctx, auto), 4)
+            ctx.candidate = plan.candidate
+            proposal = auto.propose(ctx, plan.k or 1)
             picks_at.append((len(tokens), auto.active))
             at, matched = len(tokens), 0
             for guess in proposal.tokens.tolist():
                 if guess != future[at + matched]:
                     break
                 matched += 1
+            policy.observe(plan, Outcome(len(proposal), matched,
+                                         verify_seconds=0.002 * (1 + 0.02 * len(proposal))))
             tokens = future[:at + matched + 1]
-            passes += 1
-            time.sleep(0.002)
-        return auto, picks_at[20:], (len(tokens) - 5) / passes
+            steps += 1
+        return auto, picks_at[20:], (len(tokens) - 5) / steps
 
     keyed, picks, keyed_tau = run(Telling("ngram", future, copying, free=True))
     copy_share, free_share = _zones(picks, copying)
@@ -147,18 +189,52 @@ def test_evidence_keys_switch_candidates_within_one_request():
     assert keyed_tau > 1.2 * pooled_tau, (keyed_tau, pooled_tau)
 
 
-def test_each_candidate_drafts_at_its_own_best_length():
-    """The engine's k is a cap: a free candidate drafts all of it, while a costly
-    one right half the time is asked for the length that pays at its cost (a
-    draft token here costs as much as the whole target pass)."""
+def test_the_plan_prices_each_candidates_length_at_its_own_draft_cost():
+    """One controller, the plan, chooses the candidate and its length together: at the
+    same acceptance a free candidate drafts the whole cap, while a costly one (a draft
+    token costs half the target pass) is asked for the length that pays at its cost."""
     future = list(range(50)) * 40
-    copy = Scripted("ngram", future, lambda p: p % 2 == 0, free=True)
-    model = Scripted("eagle", future, lambda p: p % 2 == 1)
-    model.seconds_per_token = 0.002  # _drive's target pass sleeps as long
-    auto = AutoProposer({"ngram": copy, "eagle": model}, probe_every=2)
-    _drive(auto, future, 60, k=6)
-    assert set(copy.asked) == {6}
-    assert model.asked and max(model.asked[2:]) <= 2, model.asked
+    right = lambda p: p % 3 != 0  # noqa: E731
+    lengths = {}
+    for name, free, cost in (("ngram", True, 0.0), ("eagle", False, 0.001)):
+        proposer = Scripted(name, future, right, free=free)
+        proposer.seconds_per_token = cost
+        plans: list = []
+        _drive(AutoProposer({name: proposer}), future, 60, k=6, slope=0.0, plans=plans)
+        lengths[name] = sorted(p.k for p in plans[10:] if p.candidate == name)
+    assert lengths["ngram"] and statistics.median(lengths["ngram"]) == 6, lengths
+    assert lengths["eagle"] and statistics.median(lengths["eagle"]) <= 2, lengths
+
+
+class Widened(Scripted):
+    """The same guesses as a chain candidate, fed as a tree with `extra` wrong siblings
+    below the root: the same accepted tokens for a wider pass."""
+
+    def __init__(self, name, future, good, extra: int) -> None:
+        super().__init__(name, future, good, free=True)
+        self.extra = extra
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal:
+        chain = super().propose(ctx, k).tokens.tolist()
+        wrong = [[(chain[0] + 1 + i) % 50] for i in range(self.extra)] if chain else []
+        tree = TokenTree.from_paths([chain] + wrong) if chain else None
+        return Proposal(tree.tokens, tree=tree) if tree is not None else Proposal.empty()
+
+
+def test_a_wider_pass_is_priced_at_its_width():
+    """A candidate that feeds more positions for the same accepted tokens (a lookahead
+    tree, say) costs a wider pass on the step-cost curve: `auto` drafts with the narrow one."""
+    future = list(range(50)) * 40
+    right = lambda p: p % 4 != 0  # noqa: E731
+
+    def shares(slope: float) -> float:
+        chain = Scripted("ngram", future, right, free=True)
+        wide = Widened("lookahead", future, right, extra=12)
+        picks = _drive(AutoProposer({"lookahead": wide, "ngram": chain}), future, 80, k=4,
+                       slope=slope, tree=16)[10:]
+        return picks.count("ngram") / max(1, picks.count("ngram") + picks.count("lookahead"))
+
+    assert shares(0.2) > 0.9
 
 
 def test_rejects_bad_probe_settings():

@@ -14,9 +14,9 @@ from verispec.economics import (
     depths,
     expected_speedup,
     expected_tokens,
-    expected_tokens_per_pass,
     load_profile,
     optimal_k,
+    tokens_per_pass,
 )
 from verispec.policy import AdaptiveK, StepObservation
 
@@ -107,11 +107,11 @@ def static(k: int, world: World, steps: int) -> float:
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
 @pytest.mark.parametrize("k", [0, 1, 4, 9])
 def test_expected_tokens_reduces_to_economics(alpha, k):
-    assert expected_tokens_per_pass([alpha] * 3, k) == pytest.approx(expected_tokens(alpha, k))
+    assert tokens_per_pass(depths([alpha] * 3, k))[k] == pytest.approx(expected_tokens(alpha, k))
 
 
 def test_expected_tokens_depth_dependent():
-    assert expected_tokens_per_pass([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+    assert tokens_per_pass(depths([0.9, 0.5], 3))[3] == pytest.approx(1 + 0.9 + 0.45 + 0.225)
 
 
 @pytest.mark.parametrize("alpha, cost", [

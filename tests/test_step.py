@@ -125,7 +125,8 @@ def test_the_plan_carries_the_tree_budget(target, monkeypatch):
 
 def test_a_batch_plan_teaches_acceptance_but_not_step_time(target):
     """A plan from a quote (a batch allocator's) says the step time is the batch's: the
-    adaptive controller learns acceptance from it, and its cost curve stays the prior."""
+    adaptive controller learns acceptance and its own draft price from it, and its
+    step-cost curve stays the prior."""
     fresh = policy_for(SpecConfig("ngram", k=6, adaptive=True))
     r = request(target, SpecConfig("ngram", k=6, adaptive=True), NgramProposer(1, 4, frozenset()))
     r.complete(target.forward_batch([r.prepare()])[0], 0.5)  # the prefill
@@ -136,9 +137,11 @@ def test_a_batch_plan_teaches_acceptance_but_not_step_time(target):
                             evidence=quote.evidence, own_clock=False)
         r.complete(target.forward_batch([r.prepare(plan)])[0], 0.5)
     controller = r.policy.controller
-    assert np.array_equal(controller.step_seconds(6), fresh.controller.step_seconds(6))
+    assert np.array_equal(controller.curve.table(7), fresh.controller.curve.table(7))
     assert not np.array_equal(controller.alphas, fresh.controller.alphas)
-    assert r.policy.seconds_per_draft is not None  # the draft price a batch pays, per token
+    # The draft price a batch pays, per token: the controller's own estimate, one object.
+    assert r.policy.draft_price is controller.draft_price
+    assert r.policy.seconds_per_draft is not None
 
 
 def test_fixed_k_quotes_its_measured_acceptance(target):

@@ -56,7 +56,7 @@ def test_structure_from_paths_merges_prefixes():
     assert tree.depth_list == [1, 2, 3, 3, 4, 2, 1, 1, 2] and tree.max_depth == 4
     assert tree.children(ROOT) == [0, 6, 7] and tree.children(1) == [2, 3]
     assert [tree.tokens[p].tolist() for p in tree.paths()] == sorted(PATHS, key=lambda p: p[-1])
-    chain = TokenTree.from_chain(torch.tensor([4, 4, 4]))
+    chain = TokenTree.from_paths([[4, 4, 4]])
     assert chain.parent_list == [ROOT, 0, 1] and chain.paths() == [[0, 1, 2]]
     small = tree.trimmed(max_depth=2, max_nodes=7)
     assert small.token_list == [5, 6, 10, 11] and small.parent_list == [ROOT, 0, 0, ROOT]
@@ -232,7 +232,7 @@ def test_chain_tree_verifies_like_the_chain_verifier():
         drafts = logits[:4].argmax(-1)
         drafts[torch.randint(0, 5, (1,), generator=gen).item():] = 3
         chain = verify_greedy(drafts, logits)
-        tree = verify_tree_greedy(TokenTree.from_chain(drafts), logits)
+        tree = verify_tree_greedy(TokenTree.from_paths([drafts.tolist()]), logits)
         assert (tree.tokens, tree.num_accepted, tree.bonus) == (chain.tokens, chain.num_accepted, chain.bonus)
 
 

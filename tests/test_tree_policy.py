@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny_engine
 from verispec import SamplingParams, SpecConfig
 from verispec.config import DEFAULT_SPEC
-from verispec.economics import CostModel, expected_tokens_per_pass
+from verispec.economics import CostModel, tokens_per_pass
 from verispec.policy import AdaptiveK, StepObservation
 from verispec.proposers.base import DraftContext
 from verispec.proposers.ngram import NgramProposer
@@ -52,7 +52,7 @@ def test_wide_trees_win_when_verification_is_free():
         teach(tree, nodes, alpha, depth=min(nodes, 6))
     plan = tree.plan(6)
     assert (plan.nodes, plan.k) == (32, 6)
-    want = expected_tokens_per_pass(tree.tree_alphas(32), 6)
+    want = tokens_per_pass(tree.tree_alphas(32)[:6])[6]
     assert plan.rate == pytest.approx(want / tree.chain.verify_seconds(33))
 
 
@@ -79,7 +79,7 @@ def test_plan_matches_brute_force_over_budgets_and_depths():
     rates = {(0, chain.k): chain.rate}
     for nodes in tree.budgets:
         for d in range(1, min(8, nodes) + 1):
-            rates[(nodes, d)] = (expected_tokens_per_pass(tree.tree_alphas(nodes), d)
+            rates[(nodes, d)] = (tokens_per_pass(tree.tree_alphas(nodes)[:d])[d]
                                  / (tree.chain.verify_seconds(nodes + 1) + draft * d))
     nodes, depth = max(rates, key=rates.get)
     plan = tree.plan(8)

@@ -45,11 +45,13 @@ class Drafter:
         return DraftContext(seq.tokens, seq.num_prompt, seq.hidden)
 
     def draft(self, seq: Sequence, plan: Plan) -> Drafted:
-        ctx = DraftContext(seq.tokens, seq.num_prompt, seq.hidden, tree_nodes=plan.nodes)
+        ctx = DraftContext(seq.tokens, seq.num_prompt, seq.hidden, tree_nodes=plan.nodes,
+                           candidate=plan.candidate)
         proposal, shadow = Proposal.empty(), None
         t0 = time.perf_counter()
-        if plan.k > 0:
+        if plan.k > 0 or (plan.shadow and self.proposer.free):
             ctx.target_hidden = self._held.release(seq.hidden)
+        if plan.k > 0:
             proposal = self.proposer.propose(ctx, plan.k) if seq.constraint is None else \
                 constrained_proposal(seq.constraint, self.proposer, ctx, plan.k)
         elif plan.shadow and self.proposer.free:

@@ -94,12 +94,6 @@ def depths(alphas: Sequence[float], k: int) -> np.ndarray:
     return np.concatenate([a[:k], np.full(max(0, k - a.size), a[-1] if a.size else 0.0)])
 
 
-def expected_tokens_per_pass(alphas: Sequence[float], k: int) -> float:
-    """E(k) with depth-dependent acceptance; `expected_tokens(alpha, k)` when every
-    alpha_i == alpha. Depths beyond len(alphas) reuse the last one."""
-    return float(tokens_per_pass(depths(alphas, k))[k]) if k > 0 else 1.0
-
-
 @dataclass(frozen=True)
 class Choice:
     k: int  # draft length
@@ -112,12 +106,54 @@ class Choice:
 
 
 def best_draft(alphas: Sequence[float], seconds: Sequence[float]) -> Choice:
-    """Argmax of E(k) / seconds[k] over k = 0..len(alphas); ties (within float
-    noise) go to the shorter draft, which wastes less if alpha is overestimated."""
-    tokens = tokens_per_pass(alphas)
+    """Argmax of E(k) / seconds[k] over k = 0..len(alphas), E from per-depth acceptance."""
+    return best_rate(tokens_per_pass(alphas), seconds)
+
+
+def best_rate(tokens: Sequence[float], seconds: Sequence[float]) -> Choice:
+    """Argmax of tokens[k] / seconds[k] over k; ties (within float noise) go to the
+    shorter draft, which wastes less if acceptance is overestimated."""
+    tokens = np.asarray(tokens, dtype=float)
     rate = tokens / np.asarray(seconds, dtype=float)
     k = int(np.flatnonzero(rate >= rate.max() * (1.0 - 1e-12))[0])
     return Choice(k, float(tokens[k]), float(seconds[k]))
+
+
+class DraftPrice:
+    """Seconds a proposer spends per requested draft token: discounted measured seconds
+    over discounted requested tokens, the one estimate every policy prices drafts with
+    (a request's adaptive k, the batch allocator's quote, each of `auto`'s candidates).
+    Per requested token, because the request is what a policy chooses and a proposer
+    spends its time even when it finds nothing."""
+
+    def __init__(self, half_life: float = 64.0) -> None:
+        self._gamma = 0.5 ** (1.0 / half_life)
+        self._seconds = 0.0
+        self._tokens = 0.0
+        self._warm = False  # a first reading was seen (and skipped)
+
+    @property
+    def measured(self) -> float | None:
+        """The measured mean alone; None before any measurement."""
+        return self._seconds / self._tokens if self._tokens else None
+
+    def per_token(self, prior: float = 0.0) -> float:
+        """The estimate with `prior` seconds per token worth one requested token."""
+        return (self._seconds + prior) / (self._tokens + 1.0)
+
+    def observe(self, seconds: float, tokens: int, prior: float = 0.0) -> None:
+        """One proposal's seconds for `tokens` requested drafts (0 for a free lookup is
+        a reading; the caller leaves out steps its clock did not time). A proposer's
+        first call may carry warm-up (a kernel's first shape), so it does not count; a
+        later one-off stall is clipped at four times the estimate."""
+        if tokens <= 0 or not (seconds >= 0.0 and math.isfinite(seconds)):
+            return
+        if not self._warm:
+            self._warm = True
+            return
+        limit = 4.0 * self.per_token(prior) * tokens if self._tokens else math.inf
+        self._seconds = self._seconds * self._gamma + min(seconds, limit)
+        self._tokens = self._tokens * self._gamma + tokens
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,25 @@ price), chooses the batch's draft lengths itself, and turns each into a plan wit
 (`own_clock=False`), so the policy does not learn a per-request cost from it.
 
     policy.plan(ctx, room) -> Plan          # a request that runs alone
-    policy.quote(ctx, room) -> Quote        # a batch allocator's view
+    policy.quote(ctx, room, cost) -> Quote  # a batch allocator's view (cost: its curve)
     policy.observe(plan, outcome)           # after every verified step
 
 Policies: `FixedK` (the request's k), `AdaptiveKPolicy` (verispec.policy.AdaptiveK:
-rate-maximising k per step) and `AdaptiveTreePolicy` (verispec.tree_policy: depth
-and node budget together, `--tree auto`).
+rate-maximising k per step), `AdaptiveTreePolicy` (verispec.tree_policy: depth
+and node budget together, `--tree auto`) and `AutoPolicy` (`--proposer auto`:
+the candidate and its draft length together).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from .acceptance import Evidence, Tally
+from .cadence import Explore
 from .config import SpecConfig
-from .economics import load_profile
+from .economics import Choice, DraftPrice, StepCost, best_rate, chain_tokens, load_profile
 from .policy import AdaptiveK, StepObservation
 from .proposers.base import DraftContext, Proposer
 from .tree_policy import AdaptiveTree
@@ -37,6 +41,7 @@ class Plan:
     shadow: bool = False  # at k = 0 a free proposer may still guess, unverified, as evidence
     evidence: Evidence | None = None  # what the proposer said before k was chosen
     own_clock: bool = True  # the step's time is this request's alone; False in a shared batch
+    candidate: str | None = None  # `auto`: the candidate proposer that drafts this step
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,14 @@ class Quote:
     evidence: Evidence | None = None  # the key the step's outcome will be counted under
     draft_seconds: float | None = None  # measured seconds per requested draft token
     nodes: int = 0  # the tree node budget a step keeps when its depth is chosen for it
+    candidate: str | None = None  # `auto`: the candidate these alphas and price are its
 
     def plan(self, k: int) -> Plan:
         """The plan of a step whose draft length the allocator chose (clipped to room)."""
-        return Plan(max(0, min(k, self.room)), self.nodes, shadow=not self.fixed and self.room > 0,
-                    evidence=self.evidence, own_clock=False)
+        k = max(0, min(k, self.room))
+        return Plan(k, self.nodes, shadow=not self.fixed and self.room > 0,
+                    evidence=self.evidence, own_clock=False,
+                    candidate=self.candidate if k else None)
 
 
 @dataclass
@@ -83,11 +91,11 @@ class Policy:
     """Chooses each step's plan for one request; see the module docstring."""
     adaptive = False  # chooses k per step (a batch allocator may choose it instead)
 
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, draft_price: DraftPrice | None = None) -> None:
         self.nodes = nodes  # the configured tree node budget (SpecConfig.tree)
-        # Discounted draft seconds and requested draft tokens: the price a batch pays per draft.
-        self._draft_seconds = 0.0
-        self._draft_tokens = 0.0
+        # Seconds per requested draft token (the price a batch pays per draft); None for a
+        # policy that prices each candidate proposer itself (`auto`).
+        self.draft_price = draft_price
         # Every drafting step's outcome, undiscounted (decay 1): what serving pools per
         # proposer when the request ends, so that the next request starts from it.
         self.outcomes = Tally()
@@ -95,7 +103,8 @@ class Policy:
     def plan(self, ctx: PlanContext, room: int) -> Plan:
         raise NotImplementedError
 
-    def quote(self, ctx: PlanContext, room: int) -> Quote:
+    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
+        """`cost`: the batch's step-cost curve, for a policy that prices widths itself."""
         raise NotImplementedError
 
     def plain(self, room: int) -> Plan:
@@ -104,9 +113,6 @@ class Policy:
         return Plan(0 if self.adaptive else room, self.nodes, own_clock=False)
 
     def observe(self, plan: Plan, outcome: Outcome) -> None:
-        if plan.k:
-            self._draft_seconds = 0.9 * self._draft_seconds + outcome.draft_seconds
-            self._draft_tokens = 0.9 * self._draft_tokens + plan.k
         if outcome.drafted:
             self.outcomes.add(outcome.accepted, outcome.accepted < outcome.drafted, 1.0)
         self._learn(plan, outcome)
@@ -117,7 +123,7 @@ class Policy:
 
     @property
     def seconds_per_draft(self) -> float | None:
-        return self._draft_seconds / self._draft_tokens if self._draft_tokens else None
+        return self.draft_price.measured if self.draft_price is not None else None
 
     def _learn(self, plan: Plan, outcome: Outcome) -> None:
         raise NotImplementedError
@@ -127,19 +133,20 @@ class FixedK(Policy):
     """Drafts the request's k (its room) every step."""
 
     def __init__(self, nodes: int) -> None:
-        super().__init__(nodes)
+        super().__init__(nodes, DraftPrice())
         self.drafted = 0
         self.accepted = 0
 
     def plan(self, ctx: PlanContext, room: int) -> Plan:
         return Plan(room, self.nodes)
 
-    def quote(self, ctx: PlanContext, room: int) -> Quote:
+    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
         # Only for the batch's rate estimate: a fixed request drafts what it asked for.
         alpha = self.accepted / self.drafted if self.drafted else 0.5
         return Quote(room, (alpha,), True, None, self.seconds_per_draft, self.nodes)
 
     def _learn(self, plan: Plan, outcome: Outcome) -> None:
+        self.draft_price.observe(outcome.draft_seconds, plan.k)
         self.drafted += outcome.drafted
         self.accepted += outcome.accepted
 
@@ -149,7 +156,7 @@ class AdaptiveKPolicy(Policy):
     adaptive = True
 
     def __init__(self, controller: AdaptiveK, nodes: int) -> None:
-        super().__init__(nodes)
+        super().__init__(nodes, controller.draft_price)  # one price: the controller's
         self.controller = controller
 
     def plan(self, ctx: PlanContext, room: int) -> Plan:
@@ -159,7 +166,7 @@ class AdaptiveKPolicy(Policy):
         k = self.controller.choose(room, evidence)
         return Plan(k, self._step_nodes(), shadow=True, evidence=evidence)
 
-    def quote(self, ctx: PlanContext, room: int) -> Quote:
+    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
         evidence = ctx.evidence()
         alphas = self.controller.begin_step(evidence)  # the outcome is counted under it too
         return Quote(room, alphas, False, evidence, self.seconds_per_draft, self.nodes)
@@ -177,11 +184,11 @@ class AdaptiveKPolicy(Policy):
             drafted, fed = outcome.accepted + (not outcome.leaf), outcome.drafted + 1
         else:
             drafted, fed = outcome.drafted, None
-        timed = plan.own_clock
+        # A batch's forward time is not this request's; its draft time is.
         self._observe(StepObservation(
-            plan.k, drafted, outcome.accepted, outcome.draft_seconds if timed else None,
-            outcome.verify_seconds if timed else None, fed_positions=fed, tree=outcome.tree),
-            plan)
+            plan.k, drafted, outcome.accepted, outcome.draft_seconds,
+            outcome.verify_seconds if plan.own_clock else None, fed_positions=fed,
+            tree=outcome.tree), plan)
         if outcome.shadow is not None:
             self.controller.observe_shadow(1, outcome.shadow)
 
@@ -203,9 +210,91 @@ class AdaptiveTreePolicy(AdaptiveKPolicy):
 
 
 def policy_for(spec: SpecConfig) -> Policy:
+    if spec.proposer == "auto":
+        return AutoPolicy(spec)
     if not spec.adaptive:
         return FixedK(spec.tree)
     chain = AdaptiveK(load_profile(spec.profile) if spec.profile else None)
     if spec.tree_auto:
         return AdaptiveTreePolicy(AdaptiveTree(chain, spec.tree), spec.tree)
     return AdaptiveKPolicy(chain, spec.tree)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """`auto`'s best candidate for a step, and what it was priced with."""
+    candidate: str
+    choice: Choice  # its rate-maximising draft length (k >= 1) and that pass
+    alpha: float
+    price: float | None  # measured seconds per requested draft token
+
+
+class AutoPolicy(Policy):
+    """`--proposer auto`: which candidate drafts and how much, chosen together, so that
+    one controller decides (the candidates draft what the plan orders).
+
+    For candidate c at draft length j <= room, a pass commits E_c(j) =
+    chain_tokens(alpha_c, depth_c * j) tokens (alpha_c: its acceptance under the step's
+    evidence key; depth_c: the depth its proposals reach per requested token) and costs
+    T(1 + nodes_c(j)) + price_c * j: the request's step-cost curve at the width the pass
+    feeds (nodes_c per requested token, so a tree or a wide lookahead step is priced as
+    the wider pass it is, capped at the tree budget) plus c's draft price. The argmax
+    over (c, j), plain decoding (j = 0) included, is the plan; every `explore_every`-th
+    drafting step drafts one more or one fewer (cadence.Explore), so that the widths next
+    to the choice are measured too. At j = 0 `auto` is still asked for its free
+    candidates' guesses and due probes (AutoProposer.free), so no choice is absorbing.
+    """
+    adaptive = True
+
+    def __init__(self, spec: SpecConfig, explore_every: int = 16,
+                 half_life: float = 64.0) -> None:
+        super().__init__(spec.tree)
+        prior = load_profile(spec.profile) if spec.profile else None
+        self.curve = StepCost(prior, fused=True, half_life=half_life)
+        self._explore = Explore(explore_every)
+        self._warm = False  # a timed step has been seen (and skipped: warm-up)
+
+    def pick(self, ctx: PlanContext, room: int, cost: StepCost) -> Pick | None:
+        """The candidate with the highest rate at some draft length 1..room on `cost`."""
+        auto, best = ctx.proposer, None
+        table = cost.table(1 + max(room, self.nodes))
+        prior = cost.prior.draft_cost * float(table[1])
+        lengths = np.arange(1, room + 1)
+        for name, alpha in auto.alphas(ctx.draft).items():
+            track = auto.tracks[name]
+            nodes = np.minimum(track.nodes_per_draft * lengths, max(room, self.nodes))
+            tokens = [chain_tokens(alpha, d) for d in track.depth_per_draft * lengths]
+            price = track.price.per_token(prior) if cost.timed else prior
+            seconds = table[np.rint(1 + nodes).astype(int)] + price * lengths
+            choice = best_rate(tokens, seconds)
+            choice = Choice(choice.k + 1, choice.tokens_per_pass, choice.seconds_per_pass)
+            if best is None or choice.rate > best.choice.rate * (1.0 + 1e-9):
+                best = Pick(name, choice, alpha, track.price.measured)
+        return best
+
+    def plan(self, ctx: PlanContext, room: int) -> Plan:
+        pick = self.pick(ctx, room, self.curve) if room > 0 else None
+        evidence = ctx.evidence()
+        if pick is None or pick.choice.rate <= 1.0 / self.curve.table(1)[1] * (1.0 + 1e-9):
+            return Plan(0, self.nodes, shadow=room > 0, evidence=evidence)
+        k, turn = pick.choice.k, self._explore.tick()
+        if turn is not None:
+            k = min(k + 1, room) if turn % 2 == 0 else k - 1
+        return Plan(k, self.nodes, shadow=True, evidence=evidence,
+                    candidate=pick.candidate if k else None)
+
+    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
+        pick = self.pick(ctx, room, cost if cost is not None else self.curve) if room else None
+        evidence = ctx.evidence()
+        if pick is None:
+            return Quote(room, (0.0,), False, evidence, None, self.nodes)
+        return Quote(room, (pick.alpha,), False, evidence, pick.price, self.nodes,
+                     candidate=pick.candidate)
+
+    def _learn(self, plan: Plan, outcome: Outcome) -> None:
+        if not (plan.own_clock and outcome.verify_seconds):
+            return
+        if not self._warm:
+            self._warm = True  # a request's first timed step may carry warm-up
+            return
+        self.curve.observe([outcome.drafted + 1], outcome.verify_seconds)

@@ -58,7 +58,7 @@ import numpy as np
 
 from .acceptance import DepthAcceptance, Evidence
 from .cadence import Backoff, Explore
-from .economics import Choice, CostModel, StepCost, best_draft
+from .economics import Choice, CostModel, DraftPrice, StepCost, best_draft
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,10 @@ class AdaptiveK:
         # (memory-bound decode); the online timings correct both within steps.
         self.cost = cost if cost is not None else CostModel(verify_overhead=0.02)
         self.max_depth = max_depth
-        self._cost_gamma = 0.5 ** (1.0 / cost_half_life)
-        # The step-cost curve per width, the one the batch scheduler keeps (economics.StepCost).
-        self._curve = StepCost(self.cost, fused=True, half_life=cost_half_life)
+        # The step-cost curve per width, the one the batch scheduler keeps (economics.StepCost),
+        # and the draft price every policy uses (economics.DraftPrice).
+        self.curve = StepCost(self.cost, fused=True, half_life=cost_half_life)
+        self.draft_price = DraftPrice(cost_half_life)
         self._pooled = DepthAcceptance(max_depth, half_life, prior_alpha, prior_strength,
                                        pool_strength, change_window, change_p)
         self._estimate = (max_depth, half_life, pool_strength, change_window, change_p)
@@ -120,8 +121,6 @@ class AdaptiveK:
         self._evidence: int | None = None  # the evidence key of the step being decided
         self.probe_k = probe_k
         self._warm = False  # a timed step has been seen (and skipped)
-        self._draft_sum = 0.0  # discounted draft seconds
-        self._draft_tokens = 0.0  # discounted requested draft tokens
         # Probes at k = 0: steps between them back off while they fail (cadence.Backoff).
         self._probe = Backoff(probe_interval, max_probe_interval)
         self._idle, self._probing = 0, False
@@ -179,11 +178,11 @@ class AdaptiveK:
         return self._draft_per_token(float(self._verify_prediction(1)[0]))
 
     def _draft_per_token(self, t1: float) -> float:
-        return (self._draft_sum + self.cost.draft_cost * t1) / (self._draft_tokens + 1.0)
+        return self.draft_price.per_token(self.cost.draft_cost * t1)
 
     def _verify_prediction(self, widths: int) -> np.ndarray:
         """Seconds of a forward over n = 1..widths positions, at index n - 1."""
-        return self._curve.table(widths)[1:]
+        return self.curve.table(widths)[1:]
 
     def best(self, max_k: int, evidence: Evidence | None = None) -> Choice:
         """The rate-maximising k in 0..min(max_k, max_depth), without exploration."""
@@ -249,21 +248,19 @@ class AdaptiveK:
             self._idle = 0
 
     def _time(self, obs: StepObservation) -> None:
-        n = obs.positions
-        # A zero reading is an untimed step (a stub clock), not a free forward.
-        if not obs.verify_seconds:
+        # A zero forward reading is an untimed step (a stub clock), not a free forward.
+        if obs.verify_seconds == 0.0:
+            return
+        # Draft seconds are the request's own even in a shared batch (verify_seconds None).
+        if obs.draft_seconds is not None:
+            prior = self.cost.draft_cost * float(self._verify_prediction(1)[0])
+            self.draft_price.observe(obs.draft_seconds, obs.k_requested, prior)
+        if obs.verify_seconds is None:
             return
         if not self._warm:
             self._warm = True  # a request's first timed step may carry warm-up
             return
-        per_token = self._draft_per_token(float(self._verify_prediction(1)[0]))
-        self._curve.observe([n], obs.verify_seconds)  # clips one-off stalls itself
-        if obs.draft_seconds is not None and obs.k_requested > 0:
-            # Per requested token: the request is what the controller chooses,
-            # and a proposer spends its time even when it finds nothing.
-            limit = 4.0 * per_token * obs.k_requested if self._draft_tokens else math.inf
-            self._draft_sum = self._draft_sum * self._cost_gamma + min(obs.draft_seconds, limit)
-            self._draft_tokens = self._draft_tokens * self._cost_gamma + obs.k_requested
+        self.curve.observe([obs.positions], obs.verify_seconds)  # clips one-off stalls itself
 
     def _accept(self, drafted: int, accepted: int) -> None:
         self._pooled.add(drafted, accepted)

@@ -91,11 +91,6 @@ class TokenTree:
                          None if self.draft_probs is None else self.draft_probs[index])
 
     @staticmethod
-    def from_chain(tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> "TokenTree":
-        tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
-        return TokenTree(tokens, torch.arange(tokens.shape[0]) - 1, draft_probs)
-
-    @staticmethod
     def from_paths(paths: Sequence[Sequence[int]]) -> "TokenTree":
         """A trie of deterministic candidate continuations (n-gram matches, Medusa
         top-k products): shared prefixes become shared nodes, verified once."""

@@ -56,6 +56,11 @@ class AdaptiveTree:
         self.nodes = 0  # the budget `choose` picked with its depth; 0 = chain
 
     @property
+    def draft_price(self):
+        """The chain's draft price (economics.DraftPrice): trees are drafted by the same proposer."""
+        return self.chain.draft_price
+
+    @property
     def alphas(self) -> np.ndarray:
         """The chain's per-depth estimates (what a batch scheduler prices drafts by)."""
         return self.chain.alphas

@@ -8,8 +8,7 @@ Aggregation rules (each chosen so a short, noisy run still means something):
             prompt, so prompt difficulty cancels before aggregation
   decode speedup  the same with prefill excluded, against verispec's own plain
             run: the draft length cannot change a prompt's prefill, and on long
-            documents its noise (2.2-4.2 s for one 1.5k-token prompt in one
-            run) swamped the decode differences the k sweep is about
+            documents its noise swamps the decode differences the k sweep is about
   alpha     total accepted / total drafted (a pooled rate, not a mean of rates)
   tau       total generated / total target forwards
   E         (1 - alpha^(k+1)) / (1 - alpha), what tau would be if acceptances

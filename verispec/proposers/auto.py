@@ -1,44 +1,41 @@
 """`auto`: per request, draft with whichever proposer is paying best right now.
 
-Candidates are ngram and suffix (both free), lookahead, eagle and medusa (when a trained head matches the
-target), a draft model (when `SpecConfig.draft` names one) and plain decoding. Each step picks the candidate, and its draft
-length up to the engine's k, with the highest expected goodput,
-E[tokens per pass] / (draft time + verify time), from:
+Candidates are ngram and suffix (both free), lookahead, eagle and medusa (when a trained
+head matches the target) and a draft model (when `SpecConfig.draft` names one). This is
+the drafting side: each step the request's policy (verispec.plan.AutoPolicy, the one
+controller) names the candidate and its draft length together, from what this proposer
+measures per candidate:
 
-- alpha, per candidate: a discounted count of drafts that matched what the
-  target then committed over drafts that could have. It is scored for every
-  candidate that proposed, chosen or not: ngram costs nothing, so it shadows
-  every step; a costly candidate that is not chosen is probed (asked for a
-  guess and re-scored) after `probe_every` steps, an interval that doubles up
-  to `probe_max` each time a probe loses and returns to `probe_every` when the
-  choice changes under one evidence key (below). A change in the text's
-  character (copying a document, then free writing) changes the choice within
-  a few steps, and probes then come fast again; a candidate that keeps losing
-  costs ~1/probe_max of its drafts.
-- draft time per token per candidate and the verify time, both measured.
+- alpha: a discounted count of drafts that matched what the target then committed over
+  drafts that could have (acceptance.Tally). It is scored for every candidate that
+  proposed, chosen or not: a free one guesses every step; a costly one that is not chosen
+  is probed (asked for a guess and re-scored) after `probe_every` steps, an interval that
+  doubles up to `probe_max` each time a probe does not win (cadence.Backoff) and returns
+  to `probe_every` when the choice changes under one evidence key (below). A change in
+  the text's character (copying a document, then free writing) changes the choice within
+  a few steps, and probes then come fast again; a candidate that keeps losing costs
+  ~1/probe_max of its drafts.
+- its draft price, seconds per requested token (economics.DraftPrice), and how many
+  positions its proposals feed per requested token (a tree feeds more than its depth; a
+  lookup that found less feeds fewer), which is what its pass costs on the step-cost curve.
 
-A costly candidate that is not probed is not called at all: the target's
-hidden rows it would read wait in its `HeldRows` and reach it in one call
-before its next probe. An EAGLE head then runs one step
-over many rows instead of one small step per target pass, which is what made
-keeping it scored costly before.
+A costly candidate that is not probed is not called at all: the target's hidden rows it
+would read wait in its `HeldRows` and reach it in one call before its next probe, so an
+EAGLE head runs one step over many rows instead of one small step per target pass.
 
-Alpha is kept per evidence key as well as pooled. A free candidate that knows
-how good its guess will be before drafting (n-gram lookup: its matched suffix
-length, `Proposer.evidence`) names the situation of every step, and each
-candidate's outcomes are counted under that key too. On held-out target text
-the key separates the candidates cleanly (`python -m verispec.training.evaluate
---by-key`, docs/heads.md): after a short match the shipped EAGLE head's chains
-commit more tokens per pass than n-gram lookup's, after a longer match n-gram
-lookup commits more. So within one answer `auto` copies with n-gram lookup and writes freely with the
-head, step by step, instead of backing one candidate for the whole request.
-`auto` passes the same evidence on to the engine's adaptive k.
+Alpha is kept per evidence key as well as pooled. A free candidate that knows how good
+its guess will be before drafting (n-gram lookup: its matched suffix length,
+`Proposer.evidence`) names the situation of every step, and each candidate's outcomes are
+counted under that key too. On held-out target text the key separates the candidates
+(`python -m verispec.training.evaluate --by-key`, docs/heads.md): after a short match the
+EAGLE head's chains commit more tokens per pass than n-gram lookup's, after a longer match
+n-gram lookup commits more. So within one answer `auto` copies with n-gram lookup and
+writes freely with the head, step by step, instead of backing one candidate for the whole
+request.
 
-Expected tokens per pass for k drafts at per-token acceptance alpha is
-`economics.chain_tokens` (Leviathan et al. 2023). Scoring by matching
-the committed tokens is exact for greedy decoding and a fair estimate when
-sampling. Outputs never depend on the choice: every candidate's proposal goes
-through the same lossless verification.
+Scoring by matching the committed tokens is exact for greedy decoding and a fair estimate
+when sampling. Outputs never depend on the choice: every candidate's proposal goes through
+the same lossless verification.
 """
 from __future__ import annotations
 
@@ -49,7 +46,7 @@ from dataclasses import dataclass, field
 
 from ..acceptance import Evidence, Tally
 from ..cadence import Backoff
-from ..economics import chain_tokens
+from ..economics import DraftPrice
 from .base import (DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, VerifiedRows,
                    build, register)
 
@@ -67,11 +64,15 @@ class Track:
     pooled: Tally = field(default_factory=lambda: Tally(1.0, 1.0))  # every outcome (prior:
     # alpha 0.5, fading as outcomes arrive)
     by_key: dict[int, Tally] = field(default_factory=dict)  # outcomes under each evidence key
-    draft_seconds: float = 0.0  # per drafted token, running mean
+    price: DraftPrice = field(default_factory=DraftPrice)  # seconds per requested draft token
+    # Discounted positions fed, depth reached and depth requested over its proposals
+    # (prior: one requested draft that fed one position).
+    fed: float = 1.0
+    reached: float = 1.0
+    asked: float = 1.0
     pending: list[list[int]] = field(default_factory=list)  # its last guess as root-to-leaf
     # paths (one for a chain), awaiting the verdict
     pending_key: int | None = None  # the evidence key the guess was made under
-    chosen_steps: int = 0
     backoff: Backoff = field(default_factory=lambda: Backoff(8, 64))  # steps between probes
     # while not chosen
     next_probe: int = 0  # the step of its next probe
@@ -80,6 +81,24 @@ class Track:
     @property
     def interval(self) -> int:
         return self.backoff.interval
+
+    @property
+    def nodes_per_draft(self) -> float:
+        """Positions its proposals feed per requested draft token (a tree's nodes)."""
+        return self.fed / self.asked
+
+    @property
+    def depth_per_draft(self) -> float:
+        """Depth its proposals reach per requested draft token (<= 1)."""
+        return self.reached / self.asked
+
+    def proposed(self, proposal: Proposal, k: int, seconds: float, decay: float) -> None:
+        tree = proposal.tree
+        self.price.observe(seconds, k)
+        self.fed = decay * self.fed + (len(tree) if tree is not None else len(proposal))
+        self.reached = decay * self.reached + min(k, tree.max_depth if tree is not None
+                                                  else len(proposal))
+        self.asked = decay * self.asked + k
 
     @property
     def alpha(self) -> float:
@@ -99,6 +118,9 @@ class Track:
 
 class AutoProposer(Proposer):
     name = "auto"
+    # At a step its policy drafts nothing, `auto` is still asked (as for a shadow guess):
+    # its free candidates guess for their scores and a due probe runs; it drafts nothing.
+    free = True
 
     def __init__(self, candidates: dict[str, Proposer], decay: float = 0.8,
                  probe_every: int = 8, probe_max: int = 64, held_rows: int = 512) -> None:
@@ -116,8 +138,6 @@ class AutoProposer(Proposer):
         self.probe_max = probe_max
         self.choice = "none"  # the candidate behind the last proposal
         self._seen = 0  # committed tokens already scored
-        self._last_call: float | None = None
-        self._verify_seconds = 0.0  # per target pass, running mean
         self._steps = 0
         self._best_by_key: dict[int | None, str] = {}
         self._evidence: Evidence | None = None
@@ -143,11 +163,17 @@ class AutoProposer(Proposer):
         for track in self.tracks.values():
             track.proposer.finished(ctx)
 
+    def alphas(self, ctx: DraftContext) -> dict[str, float]:
+        """Each candidate's acceptance under this step's evidence key (pooled without one)."""
+        self._score(ctx.tokens)
+        found = self._evidence_for(ctx)
+        return {name: track.alpha_at(found, name == self._evidence_from)
+                for name, track in self.tracks.items()}
+
     def evidence(self, ctx: DraftContext) -> Evidence | None:
         """The evidence of the first free candidate that gives any (n-gram lookup's
         match length), with the best rate any candidate has shown under its key as
-        the prior: the engine's adaptive k keys its own acceptance on it, and
-        starts a new key from what `auto` expects to draft there."""
+        the prior (for stats and a batch allocator's view of the step)."""
         found = self._evidence_for(ctx)
         if found is None:
             return None
@@ -168,21 +194,13 @@ class AutoProposer(Proposer):
         return self._evidence
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
-        now = time.perf_counter()
-        if self._last_call is not None:
-            # Between two calls the engine ran one target pass (and its bookkeeping).
-            self._verify_seconds = _mean(self._verify_seconds, now - self._last_call, self._steps)
+        """Draft k with the candidate the plan chose (`ctx.candidate`; None drafts
+        nothing), and let the others guess or wait as their scoring needs."""
         self._score(ctx.tokens)
         self._steps += 1
         evidence = self._evidence_for(ctx)
         key = None if evidence is None else evidence.key
-        best, best_rate = "none", 1.0 / max(self._verify_seconds, 1e-6)
-        lengths = {}
-        for name, track in self.tracks.items():
-            alpha = track.alpha_at(evidence, name == self._evidence_from)
-            lengths[name], rate = self._best_length(alpha, track, max(k, 1))
-            if k > 0 and rate > best_rate:
-                best, best_rate = name, rate
+        best = ctx.candidate if k > 0 and ctx.candidate in self.tracks else "none"
         # Probes come fast again when the winner changes in a known situation (the
         # text changed character); choices that differ between keys are expected.
         if best != self._best_by_key.get(key, best):
@@ -202,38 +220,19 @@ class AutoProposer(Proposer):
                 # chosen next step (its alpha rose), which resets the intervals.
                 track.next_probe = self._steps + track.backoff.interval
                 track.backoff.longer()
-            want = lengths[name]
             start = time.perf_counter()
             caught_up = dataclasses.replace(ctx, target_hidden=track.held.release(ctx.target_hidden))
-            proposal = track.proposer.propose(caught_up, want)
-            if len(proposal):
-                track.draft_seconds = _mean(track.draft_seconds,
-                                            (time.perf_counter() - start) / len(proposal),
-                                            track.chosen_steps + 1)
+            proposal = track.proposer.propose(caught_up, max(k, 1))
+            track.proposed(proposal, max(k, 1), time.perf_counter() - start, self.decay)
             track.pending = _paths(proposal)
             track.pending_key = key
             if evidence is not None and key not in track.by_key:
                 track.by_key[key] = Tally.seeded(track.prior(evidence, name == self._evidence_from),
-                                                    KEY_PRIOR_STRENGTH)
+                                                 KEY_PRIOR_STRENGTH)
             if name == best:
-                track.chosen_steps += 1
-                chosen = proposal if k > 0 else Proposal.empty()
+                chosen = proposal
         self.choice = best
-        self._last_call = time.perf_counter()
         return chosen
-
-    def _best_length(self, alpha: float, track: Track, k: int) -> tuple[int, float]:
-        """The draft length <= k with the highest expected goodput for a candidate,
-        and that goodput. The engine's k is a cap: it prices one draft cost for
-        the request, while a head's draft token costs a fraction of a target pass
-        (one head step each). A free candidate's cost is per call, not per token,
-        so it drafts the whole cap."""
-        verify, per_token = self._verify_seconds, track.draft_seconds
-        lengths = [k] if track.proposer.free else range(1, k + 1)
-        rates = [(chain_tokens(alpha, n) / max(verify + n * per_token, 1e-6), n)
-                 for n in lengths]
-        rate, n = max(rates)
-        return n, rate
 
     def _score(self, tokens: list[int]) -> None:
         """Credit each candidate's last guess with the tokens committed since,
@@ -244,10 +243,11 @@ class AutoProposer(Proposer):
                 if not track.pending or not new:
                     continue
                 # What verification keeps of a tree: the longest path prefix that
-                # matches; it missed unless that path was matched to its end.
+                # matches. It missed if that prefix ends at a committed token that differs;
+                # a guess that matched all that was committed is censored, not missed.
                 reach = [(_matched(path, new), len(path)) for path in track.pending]
                 matched = max(m for m, _ in reach)
-                missed = not any(m == matched == n for m, n in reach)
+                missed = matched < len(new) and not any(m == matched == n for m, n in reach)
                 track.pooled.add(matched, missed, self.decay)
                 if track.pending_key in track.by_key:
                     track.by_key[track.pending_key].add(matched, missed, self.decay)
@@ -269,14 +269,6 @@ def _matched(guess: list[int], actual: list[int]) -> int:
             break
         matched += 1
     return matched
-
-
-def _mean(old: float, value: float, count: int) -> float:
-    """Running mean over the first steps, then an exponential one (recent steps weigh more)."""
-    if count <= 0:
-        return value
-    weight = max(1.0 / (count + 1), 0.2)
-    return (1 - weight) * old + weight * value
 
 
 _said: set[tuple[str, str]] = set()  # (candidate, reason) already logged in this process

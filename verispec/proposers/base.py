@@ -42,6 +42,7 @@ class DraftContext:
     # positions, for proposers that read the target's features (EAGLE, Medusa)
     tree_nodes: int | None = None  # this step's tree node budget, from its plan (0 = a
     # chain); None only outside the engine: the proposer's configured one
+    candidate: str | None = None  # `auto`: the candidate its plan chose to draft this step
 
     def tree_budget(self, configured: int) -> int:
         return configured if self.tree_nodes is None else min(self.tree_nodes, configured)

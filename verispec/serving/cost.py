@@ -50,8 +50,8 @@ def calibrate(target, widths: Sequence[int] = CALIBRATION_WIDTHS, context: int =
               repeats: int = 3) -> CostModel | None:
     """The prior shape T(n)/T(1), timed on the target by `verispec profile`'s
     measurement (`bench.profile.measure`) at these widths only, linear in
-    between. 2.5 s for the default model in bf16 on one thread; None if the model is too
-    short for it."""
+    between (a few forwards when the scheduler starts); None if the model is too short
+    for it."""
     from ..bench.profile import measure
 
     widths = [w for w in widths if context + w <= target.max_context]

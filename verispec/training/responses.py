@@ -181,7 +181,7 @@ def _decode_continuous(target: TargetModel, pending: Iterator[PromptIds],
             return
         going = []
         for req in live:
-            if req.params.greedy:  # a multinomial over a one-hot costs ~1 ms at 49k tokens
+            if req.params.greedy:  # argmax: a multinomial over a one-hot row is costly at a 49k vocabulary
                 token = greedy_tokens(req.logits)
             else:
                 token = int(sample(logits_to_probs(req.logits, req.params), req.generator))

@@ -51,7 +51,7 @@ class TrainSettings:
     prompt_weight: float = 0.25
     seed: int = 0
     checkpoint_every: int = 100
-    bf16: bool = True  # bf16 autocast where the CPU has AMX or AVX512-BF16 (about 1.7x faster)
+    bf16: bool = True  # bf16 autocast where the CPU has AMX or AVX512-BF16 (faster there)
 
 
 @dataclass
