@@ -231,3 +231,46 @@ def test_a_grammar_that_gives_up_mid_output_stops_the_request(tokenizer):
     for token in ids:
         assert not bool(roomy.masks([]).all())
         roomy.commit([token])
+
+
+# At llguidance's step_max_items=20 the integer branch fits, but the object branch's
+# state inside its first string value ({"name": ") exceeds the limit.
+BRANCHES = {"anyOf": [{"type": "integer"}, {
+    "type": "object", "properties": {"name": {"type": "string"},
+                                     "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "tags"], "additionalProperties": False}]}
+
+
+def test_a_draft_past_the_limits_costs_the_draft_not_the_request(engine, tokenizer, monkeypatch):
+    """llguidance's error state is sticky: an n-gram draft into the object branch
+    used to take the whole request down with it (the LangChain failure under
+    adaptive k). The target never opens an object here (logit_bias), so plain
+    decoding never meets the limit; speculation must not either, and must give
+    plain decoding's output."""
+    from verispec import grammar
+    from verispec.grammar import GrammarLimitError
+
+    monkeypatch.setitem(grammar.LIMITS, "step_max_items", 20)
+    prompt = tokenizer.encode('x\n{"name": "ab", "tags": []}\nx\n', add_special_tokens=False)
+    braces = {i: -100.0 for t, i in tokenizer.get_vocab().items() if t.startswith("{")}
+    sampling = SamplingParams(max_new_tokens=12, logit_bias=braces, grammar=_grammar(BRANCHES))
+    want = engine.generate(prompt, sampling, SPECS["plain"])
+    request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6))
+    tokens = [t for step in _run(engine, request) for t in step.tokens]
+    assert tokens == want.token_ids
+    assert request.constraint.restores >= 1, "no draft reached the limit: the test proves nothing"
+    assert "{" not in engine.decode(tokens)  # the integer branch
+    # The state the draft reached fails the request only when the output goes through it.
+    constraint = grammar.Constraint(_grammar(BRANCHES), engine._ll_tokenizer, VOCAB)
+    opening = tokenizer.encode('{"name": "', add_special_tokens=False)
+    assert constraint.allowed_prefix(opening) == len(opening)
+    masks = constraint.masks(opening)  # [k + 1, vocab]
+    assert not bool(masks[:-1].all(-1).any()) and bool(masks[-1].all())
+    past = grammar.Constraint(_grammar(BRANCHES), engine._ll_tokenizer, VOCAB)
+    assert past.allowed_prefix(opening + opening) == len(opening)  # no draft after that one
+    past.masks(opening)
+    with pytest.raises(GrammarLimitError, match="Too many items"):
+        past.commit(opening + opening[:1])  # as if the bonus were drawn from the failed row
+    constraint.commit(opening)  # up to the failed state: plain decoding gets here too
+    with pytest.raises(GrammarLimitError, match="Too many items"):
+        constraint.allowed_prefix([])
