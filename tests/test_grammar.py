@@ -274,3 +274,31 @@ def test_a_draft_past_the_limits_costs_the_draft_not_the_request(engine, tokeniz
     constraint.commit(opening)  # up to the failed state: plain decoding gets here too
     with pytest.raises(GrammarLimitError, match="Too many items"):
         constraint.allowed_prefix([])
+
+
+def test_a_drafted_eos_after_a_grammar_that_ended_by_itself_rolls_back(engine, tokenizer):
+    """llguidance keeps no rollback entry for an EOS consumed once its grammar has
+    stopped by itself (a literal, after its last byte): rolling the drafts back by
+    their count took a committed token with it, and the next commit was refused."""
+    from verispec.grammar import Constraint
+
+    literal = Grammar("lark", 'start: "It is 18 C."')
+    ids = tokenizer.encode("It is 18 C.", add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    constraint = Constraint(literal, engine._ll_tokenizer or _ll(engine), VOCAB)
+    constraint.commit(ids[:-2])
+    assert constraint.allowed_prefix(ids[-2:] + [eos]) == 3
+    constraint.masks(ids[-2:] + [eos])
+    constraint.commit(ids[-2:] + [eos])
+    # Through the engine: the n-gram proposer drafts EOS after the forced "." (the chat
+    # prompt has ".<|im_end|>"), and the output is plain decoding's.
+    prompt = engine.encode_messages([{"role": "user", "content": "Tell me about a city."}])
+    sampling = SamplingParams(max_new_tokens=40, grammar=literal)
+    want = engine.generate(prompt, sampling, SPECS["plain"])
+    got = engine.generate(prompt, sampling, SpecConfig("ngram", k=4))
+    assert got.text == want.text == "It is 18 C." and got.token_ids == want.token_ids
+
+
+def _ll(engine):
+    engine.constraint(SamplingParams(grammar=Grammar("json_object")))  # builds llguidance's tokenizer
+    return engine._ll_tokenizer

@@ -114,10 +114,14 @@ class Constraint:
         bitmask = llt.allocate_token_bitmask(len(drafts) + 1, self.vocab_size)
         llt.fill_next_token_bitmask(self.matcher, bitmask, 0)
         self._check("computing a mask")  # the committed state: plain decoding fails here too
-        keep, failed = 0, None
+        keep, pushed, failed = 0, 0, None
         for i, token in enumerate(drafts):
             if not (int(bitmask[i, token >> 5]) >> (token & 31)) & 1:
                 break
+            # A token consumed by a stopped matcher (EOS after a grammar that ended by
+            # itself) is not on llguidance's rollback stack: rolling it back would
+            # take a committed token with it.
+            pushed += not self.matcher.is_stopped()
             self.matcher.consume_token(token)
             keep = i + 1
             if not self.matcher.is_error():
@@ -127,8 +131,8 @@ class Constraint:
                 break
         if failed is not None:
             self._restore()
-        elif keep:
-            self.matcher.rollback(keep)
+        elif pushed:
+            self.matcher.rollback(pushed)
         return bitmask[: keep + 1], keep, failed
 
     def allowed_prefix(self, drafts: Sequence[int]) -> int:
