@@ -266,3 +266,32 @@ def test_auto_tool_calls_with_a_template_that_writes_tools(tool_engine, tool_cli
     prompt = tool_engine.decode(tool_engine.encode_messages(
         message_texts([Message(**m) for m in history]), [WEATHER]))
     assert '"city": "Paris"' in prompt and "18 C" in prompt
+
+
+DIGITS = {"type": "regex", "regex": r"\d{2}"}
+ARG_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}}
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"temperature": 1.0, "top_p": 1e-300}, 200, None),  # rounds to 0 in float32
+    ({"temperature": 1e-300}, 200, None),  # greedy, as vLLM reads it
+    ({"seed": 2 ** 64}, 400, "seed"),
+    ({"seed": -5, "temperature": 1.0}, 200, None),
+    ({"response_format": DIGITS, "min_tokens": 5}, 200, None),  # the grammar's end wins
+    ({"response_format": DIGITS, "min_tokens": 5, "temperature": 1.0}, 200, None),
+    ({"response_format": DIGITS, "ignore_eos": True}, 400, "ignore_eos"),
+    ({"tools": [ARG_TOOL], "tool_choice": "required", "stop": [","]}, 200, None),
+    ({"response_format": {"type": "grammar", "grammar": "start: start"}}, 400, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "type": "string", "minLength": 5, "maxLength": 2}}}}, 400, "response_format"),
+])
+def test_odd_inputs_never_reach_a_500(server, body, status, param):
+    payload = {"model": "tiny", "messages": MESSAGES, "max_tokens": 12, **body}
+    got, text = raw(server, "POST", "/v1/chat/completions", json.dumps(payload).encode())
+    assert got == status, text
+    reply = json.loads(text)
+    if status != 200:
+        assert reply["error"]["param"] == param
+    elif body.get("response_format") is DIGITS:
+        assert re.fullmatch(r"\d{2}", reply["choices"][0]["message"]["content"])

@@ -100,6 +100,7 @@ def _logprobs(request: Request) -> int | None:
 
 
 GREEDY_BELOW = 1e-5
+TOP_P_FLOOR = 1e-6
 
 
 def parse_sampling(request: Request) -> SamplingParams:
@@ -114,8 +115,10 @@ def parse_sampling(request: Request) -> SamplingParams:
         raise APIError("'stream_options' is only allowed with stream: true", "stream_options")
     # As vLLM does: a temperature this small is greedy (dividing by it overflows).
     temperature = request.temperature if request.temperature >= GREEDY_BELOW else 0.0
+    # A top_p under 1 / vocab keeps the top token alone, as TOP_P_FLOOR does; smaller
+    # ones round to 0 in float32 and would keep nothing.
     return SamplingParams(
-        temperature=temperature, top_k=max(0, request.top_k), top_p=request.top_p,
+        temperature=temperature, top_k=max(0, request.top_k), top_p=max(request.top_p, TOP_P_FLOOR),
         seed=request.seed, max_new_tokens=1, stop=request.stops, ignore_eos=request.ignore_eos,
         logprobs=_logprobs(request), grammar=grammar,
         frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,

@@ -40,9 +40,10 @@ def failure_error(failure: Failure, job: Job | None = None) -> APIError:
         param = "tools" if forced else "response_format"
         # llguidance's first line names the limit; its verbose parser state follows.
         detail = failure.message[len(_GRAMMAR_FAILURE):].splitlines()[0]
-        return APIError(f"The grammar of '{param}' exceeded the grammar engine's limits during "
-                        f"generation ({detail}). Simplify it: bound string lengths and array "
-                        "sizes, use fewer alternatives.", param, "grammar_too_complex")
+        return APIError(f"The grammar of '{param}' failed during generation ({detail}): it went "
+                        "past the grammar engine's limits, or cannot be matched. Simplify it: "
+                        "bound string lengths and array sizes, use fewer alternatives.", param,
+                        "grammar_too_complex")
     status = _FAILURE_STATUS.get(failure.reason, 500)
     kind = "invalid_request_error" if status == 400 else "server_error"
     return APIError(failure.message, None, failure.reason, status, kind)
