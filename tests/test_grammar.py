@@ -231,3 +231,74 @@ def test_a_grammar_that_gives_up_mid_output_stops_the_request(tokenizer):
     for token in ids:
         assert not bool(roomy.masks([]).all())
         roomy.commit([token])
+
+
+# At llguidance's step_max_items=20 the integer branch fits, but the object branch's
+# state inside its first string value ({"name": ") exceeds the limit.
+BRANCHES = {"anyOf": [{"type": "integer"}, {
+    "type": "object", "properties": {"name": {"type": "string"},
+                                     "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "tags"], "additionalProperties": False}]}
+
+
+def test_a_draft_past_the_limits_costs_the_draft_not_the_request(engine, tokenizer, monkeypatch):
+    """llguidance's error state is sticky: an n-gram draft into the object branch
+    used to take the whole request down with it (the LangChain failure under
+    adaptive k). The target never opens an object here (logit_bias), so plain
+    decoding never meets the limit; speculation must not either, and must give
+    plain decoding's output."""
+    from verispec import grammar
+    from verispec.grammar import GrammarLimitError
+
+    monkeypatch.setitem(grammar.LIMITS, "step_max_items", 20)
+    prompt = tokenizer.encode('x\n{"name": "ab", "tags": []}\nx\n', add_special_tokens=False)
+    braces = {i: -100.0 for t, i in tokenizer.get_vocab().items() if t.startswith("{")}
+    sampling = SamplingParams(max_new_tokens=12, logit_bias=braces, grammar=_grammar(BRANCHES))
+    want = engine.generate(prompt, sampling, SPECS["plain"])
+    request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6))
+    tokens = [t for step in _run(engine, request) for t in step.tokens]
+    assert tokens == want.token_ids
+    assert request.constraint.restores >= 1, "no draft reached the limit: the test proves nothing"
+    assert "{" not in engine.decode(tokens)  # the integer branch
+    # The state the draft reached fails the request only when the output goes through it.
+    constraint = grammar.Constraint(_grammar(BRANCHES), engine._ll_tokenizer, VOCAB)
+    opening = tokenizer.encode('{"name": "', add_special_tokens=False)
+    assert constraint.allowed_prefix(opening) == len(opening)
+    masks = constraint.masks(opening)  # [k + 1, vocab]
+    assert not bool(masks[:-1].all(-1).any()) and bool(masks[-1].all())
+    past = grammar.Constraint(_grammar(BRANCHES), engine._ll_tokenizer, VOCAB)
+    assert past.allowed_prefix(opening + opening) == len(opening)  # no draft after that one
+    past.masks(opening)
+    with pytest.raises(GrammarLimitError, match="Too many items"):
+        past.commit(opening + opening[:1])  # as if the bonus were drawn from the failed row
+    constraint.commit(opening)  # up to the failed state: plain decoding gets here too
+    with pytest.raises(GrammarLimitError, match="Too many items"):
+        constraint.allowed_prefix([])
+
+
+def test_a_drafted_eos_after_a_grammar_that_ended_by_itself_rolls_back(engine, tokenizer):
+    """llguidance keeps no rollback entry for an EOS consumed once its grammar has
+    stopped by itself (a literal, after its last byte): rolling the drafts back by
+    their count took a committed token with it, and the next commit was refused."""
+    from verispec.grammar import Constraint
+
+    literal = Grammar("lark", 'start: "It is 18 C."')
+    ids = tokenizer.encode("It is 18 C.", add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    constraint = Constraint(literal, engine._ll_tokenizer or _ll(engine), VOCAB)
+    constraint.commit(ids[:-2])
+    assert constraint.allowed_prefix(ids[-2:] + [eos]) == 3
+    constraint.masks(ids[-2:] + [eos])
+    constraint.commit(ids[-2:] + [eos])
+    # Through the engine: the n-gram proposer drafts EOS after the forced "." (the chat
+    # prompt has ".<|im_end|>"), and the output is plain decoding's.
+    prompt = engine.encode_messages([{"role": "user", "content": "Tell me about a city."}])
+    sampling = SamplingParams(max_new_tokens=40, grammar=literal)
+    want = engine.generate(prompt, sampling, SPECS["plain"])
+    got = engine.generate(prompt, sampling, SpecConfig("ngram", k=4))
+    assert got.text == want.text == "It is 18 C." and got.token_ids == want.token_ids
+
+
+def _ll(engine):
+    engine.constraint(SamplingParams(grammar=Grammar("json_object")))  # builds llguidance's tokenizer
+    return engine._ll_tokenizer

@@ -116,14 +116,16 @@ def _sampled_counts(tmp_path, kind: str, runs: int, **spec_options):
     return counts, _exact_marginals(target, prompt, temperature), drafted, accepted
 
 
-def _first_two_counts(engine, prompt: list[int], spec, temperature: float, runs: int):
+def _first_two_counts(engine, prompt: list[int], spec, temperature: float, runs: int,
+                      **options):
     """How often each token came first and second over `runs` seeded three-token
-    requests ([2, vocab]), with the drafted and accepted totals."""
+    requests ([2, vocab]), with the drafted and accepted totals; `options` are
+    more SamplingParams (a grammar, a logit_bias)."""
     counts = np.zeros((2, engine.target.vocab_size))
     drafted = accepted = 0
     for seed in range(runs):
         got = engine.generate(prompt, SamplingParams(temperature=temperature, seed=seed,
-                                                     max_new_tokens=3), spec)
+                                                     max_new_tokens=3, **options), spec)
         counts[0, got.token_ids[0]] += 1
         counts[1, got.token_ids[1]] += 1
         drafted += got.stats.drafted

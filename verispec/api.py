@@ -144,9 +144,10 @@ class Engine:
             return self.encode_messages([{"role": "user", "content": prompt}])
         return text_ids(self.tokenizer, prompt)
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
-        """Token ids of a chat conversation, with the assistant's turn opened."""
-        return chat_ids(self.tokenizer, messages)
+    def encode_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a chat conversation, with the assistant's turn opened; `tools`
+        (OpenAI's function list) for a chat template that writes them."""
+        return chat_ids(self.tokenizer, messages, tools)
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:

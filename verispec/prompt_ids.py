@@ -32,15 +32,18 @@ def template_text_ids(tokenizer, text: str) -> list[int]:
     return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
 
 
-def chat_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
-    """The ids of a conversation through the tokenizer's chat template, the assistant's turn opened."""
+def chat_ids(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+    """The ids of a conversation through the tokenizer's chat template, the assistant's
+    turn opened; `tools` (OpenAI's function list) for a template that writes them."""
     if not messages:
         raise ValueError("the messages are empty")
     if tokenizer is None:
         raise ValueError("this engine has no tokenizer; pass token ids")
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model's tokenizer has no chat template")
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    extra = {"tools": list(tools)} if tools else {}
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                        **extra)
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     if len(ids) and isinstance(ids[0], (list, tuple)):

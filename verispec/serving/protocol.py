@@ -23,9 +23,11 @@ in `verispec.serving.provenance`). Without it a stream is exactly OpenAI's.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jinja2 import TemplateError
 from pydantic import ValidationError
 
 from .. import spec_text
@@ -60,7 +62,7 @@ class Job:
     include_usage: bool
     echo: bool
     include_provenance: bool = False  # stream_options.include_provenance (a verispec extension)
-    tools: Any = None  # a verispec.serving.tools.ToolPlan: the reply is a tool call
+    tools: Any = None  # a verispec.serving.tools.ToolPlan: the reply is (or may be) a tool call
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice i of n draws from its own seed, so seeded choices differ but repeat."""
@@ -97,6 +99,10 @@ def _logprobs(request: Request) -> int | None:
     return None
 
 
+GREEDY_BELOW = 1e-5
+TOP_P_FLOOR = 1e-6
+
+
 def parse_sampling(request: Request) -> SamplingParams:
     """Sampling params, max_new_tokens left at a placeholder; the checks across fields."""
     if isinstance(request, CompletionRequest):
@@ -107,8 +113,12 @@ def parse_sampling(request: Request) -> SamplingParams:
         grammar = response_grammar(request.response_format)
     if request.stream_options is not None and not request.stream:
         raise APIError("'stream_options' is only allowed with stream: true", "stream_options")
+    # As vLLM does: a temperature this small is greedy (dividing by it overflows).
+    temperature = request.temperature if request.temperature >= GREEDY_BELOW else 0.0
+    # A top_p under 1 / vocab keeps the top token alone, as TOP_P_FLOOR does; smaller
+    # ones round to 0 in float32 and would keep nothing.
     return SamplingParams(
-        temperature=request.temperature, top_k=max(0, request.top_k), top_p=request.top_p,
+        temperature=temperature, top_k=max(0, request.top_k), top_p=max(request.top_p, TOP_P_FLOOR),
         seed=request.seed, max_new_tokens=1, stop=request.stops, ignore_eos=request.ignore_eos,
         logprobs=_logprobs(request), grammar=grammar,
         frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
@@ -166,8 +176,28 @@ def max_tokens(request: Request, longest_prompt: int, context: int) -> int:
 
 
 def message_texts(messages: list[Message]) -> list[dict]:
-    """Chat messages as [{"role", "content": str}], content parts joined."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
+    """Chat messages as [{"role", "content": str}], content parts joined; an assistant's
+    tool calls (arguments as objects, as chat templates read them) and a tool
+    message's call id are kept for templates that write them."""
+    out = []
+    for m in messages:
+        message = {"role": m.role, "content": m.text()}
+        if m.tool_calls:
+            message["tool_calls"] = [_template_call(call) for call in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        out.append(message)
+    return out
+
+
+def _template_call(call: dict) -> dict:
+    function = dict(call.get("function") or {})
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            pass  # a template gets what the client sent
+    return {**call, "function": function}
 
 
 def fallback_chat_text(messages: list[dict]) -> str:
@@ -177,10 +207,11 @@ def fallback_chat_text(messages: list[dict]) -> str:
     return turns + "<|assistant|>\n"
 
 
-def encode_chat(engine, messages: list[dict]) -> list[int]:
-    """The prompt ids of a chat: the tokenizer's template, else `fallback_chat_text`."""
+def encode_chat(engine, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The prompt ids of a chat: the tokenizer's template (given the tools, for one
+    that writes them), else `fallback_chat_text`."""
     if getattr(engine.tokenizer, "chat_template", None):
-        return engine.encode_messages(messages)
+        return engine.encode_messages(messages, tools) if tools else engine.encode_messages(messages)
     return engine.encode(fallback_chat_text(messages))
 
 
@@ -197,32 +228,36 @@ def build_job(request: Request | dict, chat: bool, engine, served: tuple[str, ..
     if engine.tokenizer is None and (chat or sampling.stop):
         raise APIError("this model has no tokenizer: send token ids, without chat or stop",
                        "messages" if chat else "stop")
-    tools = plan_tools(request) if chat else None
-    if tools is not None:
+    tools = plan_tools(request, engine.tokenizer) if chat else None
+    if tools is not None and tools.grammar is not None:
         if sampling.grammar is not None:
             raise APIError("a forced tool call and a response_format cannot be combined",
                            "response_format")
         sampling = replace(sampling, grammar=tools.grammar)
+    if sampling.grammar is not None and sampling.ignore_eos:
+        # The grammar's end is an EOS: past it there is nothing the grammar allows.
+        raise APIError("'ignore_eos' cannot be combined with response_format or a forced tool "
+                       "call", "ignore_eos")
     try:
         if chat:
             messages = message_texts(request.messages)
-            if tools is not None:
+            if tools is not None and tools.note:
                 messages = [{"role": "system", "content": tools.note}] + messages
-            inputs: list = [encode_chat(engine, messages)]
+            inputs: list = [encode_chat(engine, messages, tools and tools.template_tools)]
             texts = [""]
         else:
             prompts = request.prompts()
             texts = [p if isinstance(p, str) else engine.decode(p) for p in prompts]
             inputs = [engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-    except ValueError as exc:
+    except (ValueError, TemplateError) as exc:  # a template may refuse a conversation
         raise APIError(str(exc), "messages" if chat else "prompt") from None
     vocab = engine.target.vocab_size
     if sampling.grammar is not None:
         try:
             engine.constraint(sampling)  # compiles it: a bad schema or pattern is a 400 now
         except (ValueError, RuntimeError) as exc:
-            raise APIError(f"Invalid {'tools' if tools else 'response_format'}: {exc}",
-                           "tools" if tools else "response_format") from None
+            field = "tools" if tools is not None and tools.grammar is not None else "response_format"
+            raise APIError(f"Invalid {field}: {exc}", field) from None
     bad_bias = [t for t, _ in sampling.logit_bias if t >= vocab]
     if bad_bias:
         raise APIError(f"Invalid key in 'logit_bias': token id {bad_bias[0]} is not in "

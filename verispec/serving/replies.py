@@ -9,12 +9,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ..api import Engine
+from ..grammar import GrammarLimitError
 from .errors import APIError
+from .protocol import Job
 from .responses import (ChatChoice, ChatCompletion, ChatCompletionChunk, ChatMessage, ChunkChoice,
                         Completion, CompletionChoice, CompletionLogprobs, Delta, ToolCall)
 from .run import Run
 from .scheduler import Failure
-from .tools import tool_calls
+from .tools import held_from, tool_calls, without_calls
 
 _FAILURE_STATUS = {"invalid": 400, "shutdown": 503, "cancelled": 499, "error": 500}
 
@@ -23,7 +25,25 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-def failure_error(failure: Failure) -> APIError:
+# The scheduler's message for a request its step raised on: the exception's type first.
+_GRAMMAR_FAILURE = f"{GrammarLimitError.__name__}: "
+
+
+def failure_error(failure: Failure, job: Job | None = None) -> APIError:
+    """The error a failed request answers with. A grammar that gave up mid-output
+    (`GrammarLimitError`: the request's own schema or grammar outgrew the grammar
+    engine's limits) is a 400 naming the field and the limit, not a 500: the same
+    request fails the same way again, and clients retry a 5xx (the openai client
+    twice by default), which would only repeat the work."""
+    if failure.reason == "error" and failure.message.startswith(_GRAMMAR_FAILURE):
+        forced = job is not None and job.tools is not None and job.tools.grammar is not None
+        param = "tools" if forced else "response_format"
+        # llguidance's first line names the limit; its verbose parser state follows.
+        detail = failure.message[len(_GRAMMAR_FAILURE):].splitlines()[0]
+        return APIError(f"The grammar of '{param}' failed during generation ({detail}): it went "
+                        "past the grammar engine's limits, or cannot be matched. Simplify it: "
+                        "bound string lengths and array sizes, use fewer alternatives.", param,
+                        "grammar_too_complex")
     status = _FAILURE_STATUS.get(failure.reason, 500)
     kind = "invalid_request_error" if status == 400 else "server_error"
     return APIError(failure.message, None, failure.reason, status, kind)
@@ -36,13 +56,16 @@ def _joined(echoed: CompletionLogprobs, generated: CompletionLogprobs) -> Comple
                               text_offset=echoed.text_offset + generated.text_offset)
 
 
-def _tool_reply(run: Run, index: int, text: str) -> list[ToolCall] | None:
-    """A forced tool call's calls; None for a plain answer or a call cut short by
-    max_tokens (then the text is returned as it is, with "length")."""
+def _tool_reply(run: Run, index: int, text: str) -> tuple[str | None, list[ToolCall]] | None:
+    """A reply's (content, tool calls); None for a plain answer, or for a call cut
+    short by max_tokens or a stop string (then the text is returned as it is)."""
     plan = run.job.tools
     if plan is None or run.finish[index] != "stop":
         return None
-    return [ToolCall(**call) for call in tool_calls(plan, text)]
+    found = tool_calls(plan, text)
+    if found is None:
+        return None
+    return found[0], [ToolCall(**call) for call in found[1]]
 
 
 async def complete(run: Run, first, request: Request, ident: str, model: str, engine: Engine):
@@ -52,7 +75,7 @@ async def complete(run: Run, first, request: Request, ident: str, model: str, en
     while True:
         index, delta, ev = event
         if isinstance(ev, Failure):
-            return error_response(failure_error(ev))
+            return error_response(failure_error(ev, run.job))
         texts[index] += delta
         if not run.open:
             break
@@ -68,10 +91,10 @@ async def complete(run: Run, first, request: Request, ident: str, model: str, en
         common = dict(index=i, logprobs=logprobs, finish_reason=run.finish[i],
                       speculation=run.speculation(i))
         if chat:
-            calls = _tool_reply(run, i, text)
-            if calls is not None:
+            reply = _tool_reply(run, i, text)
+            if reply is not None:
                 common["finish_reason"] = "tool_calls"
-                message = ChatMessage(role="assistant", content=None, tool_calls=calls)
+                message = ChatMessage(role="assistant", content=reply[0], tool_calls=reply[1])
             else:
                 message = ChatMessage(role="assistant", content=text)
             choices.append(ChatChoice(message=message, **common))
@@ -103,7 +126,9 @@ async def stream(run: Run, first, ident: str, model: str, engine: Engine):
                               choices=choices, **extra)
         return body.sse()
 
-    held = [""] * len(run.tickets)  # a tool call's arguments, sent whole when complete
+    # A reply that is (or may become) a tool call is held back and sent whole when
+    # complete: text[i] is choice i's text so far, sent[i] how much of it went out.
+    text, sent = [""] * len(run.tickets), [0] * len(run.tickets)
     try:
         if chat:
             yield chunk([ChunkChoice(index=i, delta=Delta(role="assistant", content=""),
@@ -118,7 +143,7 @@ async def stream(run: Run, first, ident: str, model: str, engine: Engine):
         while True:
             index, delta, ev = event
             if isinstance(ev, Failure):
-                yield f"data: {json.dumps(failure_error(ev).body())}\n\n"
+                yield f"data: {json.dumps(failure_error(ev, run.job).body())}\n\n"
             else:
                 reason = ev.finish_reason
                 extra = {"speculation": run.speculation(index)} if reason else {}
@@ -127,21 +152,25 @@ async def stream(run: Run, first, ident: str, model: str, engine: Engine):
                                                                      reason is not None)
                 shown = run.deltas[index].take_logprobs(final=reason is not None)
                 calls = None
-                if run.job.tools is not None:
-                    # The arguments stream as one piece, once the call is complete.
-                    held[index] += delta
-                    delta = held[index] if reason else ""
-                    calls = _tool_reply(run, index, held[index]) if reason else None
-                    if calls is not None:
-                        calls = [c.model_copy(update={"index": j}) for j, c in enumerate(calls)]
-                        delta, reason = "", "tool_calls"
+                plan = run.job.tools
+                if plan is not None:
+                    text[index] += delta
+                    reply = _tool_reply(run, index, text[index]) if reason else None
+                    if reply is not None:
+                        calls = [c.model_copy(update={"index": j}) for j, c in enumerate(reply[1])]
+                        delta, reason = without_calls(text[index][sent[index]:]), "tool_calls"
+                    else:
+                        # A forced call holds everything; "auto" streams up to where a call may start.
+                        upto = len(text[index]) if reason else 0 if plan.grammar is not None \
+                            else max(sent[index], held_from(text[index]))
+                        delta, sent[index] = text[index][sent[index]:upto], max(sent[index], upto)
                 if delta or extra or shown or calls:
                     logprobs = run.choice_logprobs(index, shown, engine)
                     if not chat:
                         choice = CompletionChoice(index=index, text=delta, logprobs=logprobs,
                                                   finish_reason=reason, **extra)
                     else:
-                        body = Delta(tool_calls=calls) if calls else \
+                        body = Delta(content=delta or None, tool_calls=calls) if calls else \
                             Delta(content=delta) if delta else Delta()
                         choice = ChunkChoice(index=index, delta=body, logprobs=logprobs,
                                              finish_reason=reason, **extra)

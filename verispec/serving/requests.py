@@ -113,7 +113,7 @@ class Common(Strict):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Stop] = None
-    seed: Optional[int] = None
+    seed: Optional[Annotated[int, Field(ge=-(1 << 63), lt=1 << 63)]] = None  # OpenAI's int64
     user: Optional[Text] = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)] = 0.0
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)] = 0.0
@@ -186,6 +186,9 @@ Content = tagged({"string": Text, "array": list[TextPart]}, _kind,
 class Message(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Content] = Field(default=None, validate_default=True)
+    # Passed to chat templates that write tools (verispec.serving.tools).
+    tool_calls: Optional[list[JsonObject]] = None
+    tool_call_id: Optional[Text] = None
 
     @field_validator("content")
     @classmethod

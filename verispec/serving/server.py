@@ -128,7 +128,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             raise
         if isinstance(first[2], Failure):
             run.cancel()
-            return error_response(failure_error(first[2]))
+            return error_response(failure_error(first[2], job))
         if job.stream:
             return StreamingResponse(stream(run, first, ident, model_name, engine),
                                      media_type="text/event-stream")

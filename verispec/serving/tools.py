@@ -4,14 +4,21 @@
 arguments are generated under that function's `parameters` schema (for
 "required", under a schema whose every branch is one function's name and
 arguments), and the reply carries `tool_calls` with finish_reason
-"tool_calls". "none" and "auto" keep the plain answer: the default model's
-chat template has no tool syntax, so "auto" could only guess when to call.
-The functions are described to the model in a system message, since a
-template without tools would drop them.
+"tool_calls". The functions are described to the model in a system message,
+since a template without tools would drop them.
+
+"auto" (OpenAI's default when tools are sent) lets the model decide, which it
+can only do if its chat template writes the tools into the prompt: then the
+tools go to the template, the output is generated freely, and calls in the
+formats templates teach (`<tool_call>{...}</tool_call>` blocks, as Hermes,
+Qwen and SmolLM3 write them, or a reply that is a JSON call or list of calls,
+as Llama 3 and Mistral write them) become `tool_calls`. A template that
+ignores `tools` (the default model's) keeps the plain answer, as does "none".
 """
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from ..config import Grammar
@@ -21,12 +28,39 @@ from .requests import ChatRequest
 
 @dataclass(frozen=True)
 class ToolPlan:
-    grammar: Grammar
-    named: str | None  # the forced function; None: "required", the model picks one
-    note: str  # the system message that describes the functions
+    grammar: Grammar | None  # the arguments' grammar; None: "auto", the output is free
+    named: str | None  # the forced function; None: "required" or "auto", the model picks
+    note: str | None  # the system message that describes the functions ("auto": the template's)
+    template_tools: list[dict] | None = None  # "auto": the tools, as the chat template takes them
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(t["function"]["name"] for t in self.template_tools or ())
 
 
-def plan_tools(request: ChatRequest) -> ToolPlan | None:
+_PROBE = "verispec_probe_function"
+_RENDERS: dict[str, bool] = {}
+
+
+def renders_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template writes a `tools` list into the prompt."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return False
+    key = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    if key not in _RENDERS:
+        probe = {"type": "function", "function": {"name": _PROBE, "description": "",
+                                                  "parameters": {"type": "object", "properties": {}}}}
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
+                                                 add_generation_prompt=True, tokenize=False)
+            _RENDERS[key] = _PROBE in str(text)
+        except Exception:  # a template (or tokenizer) that takes no tools
+            _RENDERS[key] = False
+    return _RENDERS[key]
+
+
+def plan_tools(request: ChatRequest, tokenizer=None) -> ToolPlan | None:
     """The tool plan of a chat request; None when the answer stays plain text."""
     choice = request.tool_choice
     if not request.tools:
@@ -34,8 +68,14 @@ def plan_tools(request: ChatRequest) -> ToolPlan | None:
             raise APIError("'tool_choice' needs 'tools'", "tool_choice")
         return None
     functions = {tool.function.name: tool.function for tool in request.tools}
-    if choice in (None, "none", "auto"):
+    if choice == "none":
         return None
+    if choice in (None, "auto"):
+        if not renders_tools(tokenizer):
+            return None
+        listed = [{"type": "function", "function": f.model_dump(exclude_none=True)}
+                  for f in functions.values()]
+        return ToolPlan(None, None, None, listed)
     if choice == "required":
         branches = [{"type": "object", "properties": {"name": {"const": name},
                                                       "arguments": f.parameters},
@@ -56,12 +96,75 @@ def plan_tools(request: ChatRequest) -> ToolPlan | None:
     return ToolPlan(Grammar("json_schema", json.dumps(f.parameters)), name, note)
 
 
-def tool_calls(plan: ToolPlan, text: str) -> list[dict]:
-    """The `tool_calls` of a reply generated under the plan's grammar."""
+def _call(name: str, arguments: str) -> dict:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def tool_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict]] | None:
+    """(content, `tool_calls`) of a finished reply; None when it holds no call: a
+    forced call cut by a stop string (its JSON incomplete), or an "auto" reply
+    without one (then the text is the answer)."""
+    if plan.grammar is None:
+        return _template_calls(text, plan.names)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
     if plan.named is not None:
-        name, arguments = plan.named, text
-    else:
-        call = json.loads(text)
-        name, arguments = call["name"], json.dumps(call["arguments"], ensure_ascii=False)
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": name, "arguments": arguments}}]
+        return None, [_call(plan.named, text)]
+    return None, [_call(value["name"], json.dumps(value["arguments"], ensure_ascii=False))]
+
+
+BLOCK_OPEN = "<tool_call>"
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def _template_calls(text: str, names: frozenset[str]) -> tuple[str | None, list[dict]] | None:
+    """Calls as chat templates teach them: `<tool_call>` blocks anywhere (the text
+    around them is the content), or a reply that is one JSON call or a list of them.
+    Each call names one of the tools and carries an object of arguments
+    ("arguments", or Llama 3's "parameters"); anything else is plain text."""
+    blocks = _BLOCK.findall(text)
+    payloads, content = (blocks, without_calls(text)) if blocks else ([text.strip()], "")
+    calls = []
+    for payload in payloads:
+        try:
+            value = json.loads(payload)
+        except ValueError:
+            return None
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, dict) or item.get("name") not in names:
+                return None
+            arguments = item.get("arguments", item.get("parameters", {}))
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    return None
+            if not isinstance(arguments, dict):
+                return None
+            calls.append(_call(item["name"], json.dumps(arguments, ensure_ascii=False)))
+    return (content or None, calls) if calls else None
+
+
+def without_calls(text: str) -> str:
+    """An "auto" reply's text around its `<tool_call>` blocks (a JSON reply: none)."""
+    rest = _BLOCK.sub("", text).strip()
+    return "" if rest[:1] in ("{", "[") else rest
+
+
+def held_from(text: str) -> int:
+    """Where an "auto" reply's streamed text must stop until the reply is complete:
+    at a call's first character (a `<tool_call>` block, or a reply opening with
+    JSON), or at a partial `<tool_call>` at its end; len(text) if nothing is held."""
+    stripped = text.lstrip()
+    if stripped[:1] in ("{", "["):
+        return 0
+    at = text.find(BLOCK_OPEN)
+    if at >= 0:
+        return at
+    for size in range(min(len(BLOCK_OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(BLOCK_OPEN[:size]):
+            return len(text) - size
+    return len(text)
