@@ -92,17 +92,16 @@ def draft_source(text: str) -> str | None:
     return prefix
 
 
-def _whole(value: Any, name: str, also: str) -> int:
+def _whole(value: Any, name: str, also: str = "") -> int:
+    takes = f"--{name.replace('_', '-')} takes a whole number{' or ' + also if also else ''}"
     if isinstance(value, bool):
-        raise SpecError(f"--{name.replace('_', '-')} takes a whole number or {also}, "
-                        f"got {value!r}", name)
+        raise SpecError(f"{takes}, got {value!r}", name)
     if isinstance(value, int):
         return value
     try:
         return int(str(value))
     except ValueError:
-        raise SpecError(f"--{name.replace('_', '-')} takes a whole number or {also}, "
-                        f"got {value!r}", name) from None
+        raise SpecError(f"{takes}, got {value!r}", name) from None
 
 
 def _number(value: Any, name: str) -> float:
@@ -146,6 +145,8 @@ def parse_spec(typed: Mapping[str, Any] | None = None, **more: Any) -> SpecConfi
                         f"({', '.join(HEAD_PROPOSERS)}), not {proposer!r}", "head")
     for key in _FLOATS:
         values[key] = _number(values[key], key)
+    for key in _NUMBERS - _DERIVED:
+        values[key] = _whole(values[key], key)
     common = {key: values[key] for key in FIELDS if key not in _DERIVED}
     k_auto = str(values["k"]) == "auto"
     tree_text = str(values["tree"])
@@ -170,6 +171,9 @@ def _config(**fields: Any) -> SpecConfig:
         # SpecConfig's messages open with the field they are about.
         first = str(exc).split(" ", 1)[0]
         field = first if first in FIELDS else "tree" if first.startswith("tree") else None
+        if first == "lookahead":  # "lookahead needs lookahead_window >= 1, ...": the first bad one
+            field = next((name for name, low in _LOOKAHEAD_LOWEST.items()
+                          if fields.get(name, low) < low), None)
         raise SpecError(str(exc), field) from None
 
 
@@ -203,3 +207,4 @@ _FLOATS = {key for key, default in FIELDS.items() if type(default) is float}
 # Fields whose modifier text is a number (k and tree keep their words: auto, k).
 _NUMBERS = {key for key, default in FIELDS.items()
             if type(default) is int and key not in ("k", "tree")}
+_LOOKAHEAD_LOWEST = {"lookahead_window": 1, "lookahead_ngram": 2, "lookahead_guesses": 0}
