@@ -14,6 +14,7 @@ from test_head_equality import _exact_marginals, _first_two_counts, _worst_pvalu
 from verispec import Engine, SamplingParams
 from verispec.proposers import ngram_sampled
 from verispec.proposers.base import Proposal
+from verispec.proposers.ngram import NgramIndex
 from verispec.proposers.ngram_sampled import frequency_chain
 from verispec.spec_text import parse_spec
 
@@ -44,6 +45,17 @@ def test_rows_are_the_sharpened_counts_and_tokens_follow_them():
     short = frequency_chain([[1, 2], [3, 4], [3, 4]], 2, 8, 1.0, generator, frozenset(),
                             min_share=0.5)
     assert len(short) == 1 or short.tokens.tolist() == [3, 4]
+
+
+def test_occurrences_count_every_match_of_the_longest_suffix():
+    index = NgramIndex(1, 3)
+    index.update(PROMPT)
+    # [5, 0, 1, 2]'s longest earlier match is [1, 2], at four places, oldest first.
+    assert index.longest_match() == 2
+    assert index.occurrences(2, limit=64) == [[3, 6], [4, 7], [3, 6], [5, 0]]
+    assert index.occurrences(2, limit=1) == [[5, 0]]
+    index.update(PROMPT + [3])  # [1, 2, 3] came twice, both times followed by 6
+    assert index.longest_match() == 3 and index.occurrences(2, 64) == [[6, 1], [6, 1]]
 
 
 @pytest.mark.slow
