@@ -237,3 +237,72 @@ def test_concurrent_server_requests_batch_lookahead_trees(tiny):
             assert all("choices" in a for a in out.values()), out
             assert {p: a["choices"][0]["text"] for p, a in out.items()} == want, speculation
             assert sum(a["speculation"]["drafted"] for a in out.values()) > 0
+
+
+def test_server_takes_lookahead_window_ngram_and_guesses(tiny, monkeypatch):
+    """W, N and G in a request's speculation object reach the proposer (the
+    settings each request's lookahead was built with are recorded), every answer
+    equals plain decoding, and bad values are 400s naming the field."""
+    import http.client
+    import json
+
+    from test_server import ChatCharTokenizer
+    from verispec.serving.protocol import ServeDefaults
+    from verispec.serving.scheduler import SchedulerConfig
+    from verispec.serving.server import ServerConfig, ServerThread, create_app
+
+    built: list[LookaheadSettings] = []
+    init = LookaheadProposer.__init__
+
+    def recording(self, eos, settings=LookaheadSettings(), **kw):
+        built.append(settings)
+        init(self, eos, settings, **kw)
+
+    monkeypatch.setattr(LookaheadProposer, "__init__", recording)
+    engine = Engine(tiny, tokenizer=ChatCharTokenizer())
+    prompt = "abcabcabcab"
+    want = engine.generate(prompt, SamplingParams(max_new_tokens=16), PLAIN).text
+
+    def post(server, speculation):
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=120)
+        body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16,
+                           "temperature": 0, "speculation": speculation})
+        conn.request("POST", "/v1/completions", body=body,
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        conn.close()
+        return response.status, answer
+
+    config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=4, adaptive=False),
+                          SchedulerConfig(max_num_seqs=2, max_queue=8))
+    with ServerThread(create_app(engine, config)) as server:
+        for w, n, g in ((1, 2, 2), (4, 3, 0), (3, 4, 3)):
+            built.clear()
+            status, answer = post(server, {"proposer": "lookahead", "lookahead_window": w,
+                                           "lookahead_ngram": n, "lookahead_guesses": g})
+            assert status == 200, answer
+            assert answer["choices"][0]["text"] == want, (w, n, g)
+            assert built == [LookaheadSettings(w, n, g)]
+        built.clear()
+        status, answer = post(server, {"proposer": "lookahead", "lookahead_ngram": 3})
+        assert status == 200 and answer["choices"][0]["text"] == want
+        assert built == [LookaheadSettings(SpecConfig.lookahead_window, 3,
+                                           SpecConfig.lookahead_guesses)]
+        bad = [({"proposer": "lookahead", "lookahead_window": 0}, "speculation.lookahead_window"),
+               ({"proposer": "lookahead", "lookahead_ngram": 1}, "speculation.lookahead_ngram"),
+               ({"proposer": "lookahead", "lookahead_guesses": -1}, "speculation.lookahead_guesses"),
+               ({"proposer": "lookahead", "lookahead_window": "4"}, "speculation.lookahead_window"),
+               ({"proposer": "lookahead", "lookahead_window": 2.5}, "speculation.lookahead_window"),
+               ({"proposer": "lookahead", "lookahead_window": 65}, "speculation.lookahead_window"),
+               ({"proposer": "ngram", "lookahead_window": 2}, "speculation.lookahead_window"),
+               # (64 + 64) * (16 - 1) nodes a step, unless "tree" caps them
+               ({"proposer": "lookahead", "lookahead_window": 64, "lookahead_ngram": 16,
+                 "lookahead_guesses": 64}, "speculation")]
+        for speculation, param in bad:
+            status, answer = post(server, speculation)
+            assert status == 400, (speculation, answer)
+            assert answer["error"]["param"] == param, (speculation, answer)
+        status, answer = post(server, {"proposer": "lookahead", "lookahead_window": 64,
+                                       "lookahead_ngram": 16, "lookahead_guesses": 64, "tree": 8})
+        assert status == 200 and answer["choices"][0]["text"] == want

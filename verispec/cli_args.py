@@ -137,6 +137,11 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    metavar="G", help="lookahead: pool n-grams verified per step (default "
                                      "%(default)s); a step feeds (W + G) * (N - 1) tree nodes, "
                                      "capped by --tree")
+    p.add_argument("--frequency-drafts", action="store_true",
+                   help="sampling only, ngram and suffix chains: draw each draft token from how "
+                        "often each continuation followed before (sharpened by --temperature) and "
+                        "verify against those probabilities, instead of proposing the likeliest; "
+                        "lossless (docs/sampling.md)")
     p.add_argument("--lossy-typical", action="store_true",
                    help="sampling only: Medusa's typical acceptance instead of rejection sampling; "
                         "LOSSY (output no longer follows the model), marked so in the stats")
@@ -194,7 +199,8 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
                       suffix_factor=args.suffix_factor, suffix_offset=args.suffix_offset,
                       suffix_min_prob=args.suffix_min_prob,
                       lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,
-                      lookahead_guesses=args.lookahead_guesses)
+                      lookahead_guesses=args.lookahead_guesses,
+                      frequency_drafts=getattr(args, "frequency_drafts", False))
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -122,6 +122,8 @@ class SpecConfig:
     lookahead_window: int = 1  # lookahead: W, Jacobi columns (Fu et al. 2024; docs/lookahead.md)
     lookahead_ngram: int = 2  # ... N, n-gram length (the window keeps N - 1 levels)
     lookahead_guesses: int = 2  # ... G, pool n-grams verified per step
+    frequency_drafts: bool = False  # ngram / suffix chains of a sampled request: each draft
+    # token drawn from the continuation frequencies, verified against them (docs/sampling.md)
 
     def __post_init__(self) -> None:
         if self.k < 0:

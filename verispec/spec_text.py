@@ -78,6 +78,7 @@ FIELDS: dict[str, Any] = {
     "suffix_offset": SpecConfig.suffix_offset, "suffix_min_prob": SpecConfig.suffix_min_prob,
     "lookahead_window": SpecConfig.lookahead_window, "lookahead_ngram": SpecConfig.lookahead_ngram,
     "lookahead_guesses": SpecConfig.lookahead_guesses,
+    "frequency_drafts": SpecConfig.frequency_drafts,
 }
 _DERIVED = {"proposer", "k", "k_max", "tree", "tree_max", "draft"}  # not copied verbatim
 HEAD_PROPOSERS = ("eagle", "medusa", "auto")  # the proposers that read a head directory
@@ -92,17 +93,16 @@ def draft_source(text: str) -> str | None:
     return prefix
 
 
-def _whole(value: Any, name: str, also: str) -> int:
+def _whole(value: Any, name: str, also: str = "") -> int:
+    takes = f"--{name.replace('_', '-')} takes a whole number{' or ' + also if also else ''}"
     if isinstance(value, bool):
-        raise SpecError(f"--{name.replace('_', '-')} takes a whole number or {also}, "
-                        f"got {value!r}", name)
+        raise SpecError(f"{takes}, got {value!r}", name)
     if isinstance(value, int):
         return value
     try:
         return int(str(value))
     except ValueError:
-        raise SpecError(f"--{name.replace('_', '-')} takes a whole number or {also}, "
-                        f"got {value!r}", name) from None
+        raise SpecError(f"{takes}, got {value!r}", name) from None
 
 
 def _number(value: Any, name: str) -> float:
@@ -112,6 +112,17 @@ def _number(value: Any, name: str) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise SpecError(f"--{name.replace('_', '-')} takes a number, got {value!r}", name) from None
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    word = str(value).lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise SpecError(f"{name} is on or off (1/0, true/false), got {value!r}", name)
 
 
 def proposer_names() -> list[str]:
@@ -146,6 +157,10 @@ def parse_spec(typed: Mapping[str, Any] | None = None, **more: Any) -> SpecConfi
                         f"({', '.join(HEAD_PROPOSERS)}), not {proposer!r}", "head")
     for key in _FLOATS:
         values[key] = _number(values[key], key)
+    for key in _NUMBERS - _DERIVED:
+        values[key] = _whole(values[key], key)
+    for key in _BOOLS:
+        values[key] = _flag(values[key], key)
     common = {key: values[key] for key in FIELDS if key not in _DERIVED}
     k_auto = str(values["k"]) == "auto"
     tree_text = str(values["tree"])
@@ -170,6 +185,9 @@ def _config(**fields: Any) -> SpecConfig:
         # SpecConfig's messages open with the field they are about.
         first = str(exc).split(" ", 1)[0]
         field = first if first in FIELDS else "tree" if first.startswith("tree") else None
+        if first == "lookahead":  # "lookahead needs lookahead_window >= 1, ...": the first bad one
+            field = next((name for name, low in _LOOKAHEAD_LOWEST.items()
+                          if fields.get(name, low) < low), None)
         raise SpecError(str(exc), field) from None
 
 
@@ -203,3 +221,5 @@ _FLOATS = {key for key, default in FIELDS.items() if type(default) is float}
 # Fields whose modifier text is a number (k and tree keep their words: auto, k).
 _NUMBERS = {key for key, default in FIELDS.items()
             if type(default) is int and key not in ("k", "tree")}
+_BOOLS = {key for key, default in FIELDS.items() if type(default) is bool}
+_LOOKAHEAD_LOWEST = {"lookahead_window": 1, "lookahead_ngram": 2, "lookahead_guesses": 0}

@@ -80,7 +80,8 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     sweep = parse_k_list(args.sweep_k) if args.sweep_k else None
     configs = verispec_configs(args.proposer, args.k, args.draft, sweep)
     peers = parse_peers(args.peers, args.k, args.draft)
-    sampling = SamplingParams(temperature=args.temperature, seed=args.seed,
+    sampling = SamplingParams(temperature=args.temperature, top_p=getattr(args, "top_p", 1.0),
+                              seed=args.seed,
                               max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos)
     repeats = getattr(args, "repeats", 1)
     if repeats < 1:
@@ -109,7 +110,9 @@ def _report_md(env: dict, plan: BenchPlan, table: str, files: list[Path]) -> str
              + (f", GPU {env['gpu']}" if env["gpu"] else ""),
              f"- torch {env['torch']}, transformers {env['transformers']}, verispec {env['verispec']}",
              f"- max_new_tokens {plan.sampling.max_new_tokens}, temperature "
-             f"{plan.sampling.temperature:g}, seed {plan.sampling.seed}"
+             f"{plan.sampling.temperature:g}"
+             + (f", top_p {plan.sampling.top_p:g}" if plan.sampling.top_p < 1 else "")
+             + f", seed {plan.sampling.seed}"
              + (f", {plan.repeats} timed repeats per run (median)" if plan.repeats > 1 else ""),
              f"- command: `{env['command']}`", "", table]
     lines += [f"![{p.stem}]({p.name})" for p in files]
@@ -262,6 +265,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="first N prompts of each workload (default: all of them)")
     bench.add_argument("--temperature", type=float, default=0.0,
                        help="0 = greedy (default), which makes outputs comparable")
+    bench.add_argument("--top-p", type=float, default=1.0,
+                       help="with --temperature > 0: nucleus sampling's mass (default 1.0, off)")
     bench.add_argument("--seed", type=int, default=0, help="sampling seed, same for every run (default 0)")
     bench.add_argument("--ignore-eos", action="store_true",
                        help="always generate --max-new-tokens tokens (fixed-length runs)")

@@ -3,6 +3,9 @@ the context's suffix and propose what followed it. No model; the only state is
 an index of the committed context (`NgramIndex`), which drafts never enter and
 which re-indexes whenever the context is not an extension of what it saw, so
 nothing can go stale after a rollback or a context shift (llama.cpp #21815).
+A tree holds one branch per distinct continuation; with SpecConfig.frequency_drafts
+a sampled request's chain is drawn from the continuation counts instead
+(verispec.proposers.ngram_sampled).
 tests/test_tree_policy.py checks it against a full scan of the context."""
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import torch
 from ..token_tree import TokenTree
 from ..acceptance import Evidence
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from .ngram_sampled import FrequencyDrafts
 
 
 # First-draft acceptance by matched suffix length 0, 1, 2, 3, 4+, rounded from how
@@ -19,6 +23,7 @@ from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 # docs/notebook/redesign.md). Priors only: each request's own outcomes take over
 # within a few steps.
 MATCH_PRIOR = (0.0, 0.2, 0.5, 0.65, 0.9)
+OCCURRENCES = 64  # most recent occurrences a frequency draft counts
 
 
 
@@ -79,13 +84,25 @@ class NgramIndex:
                         return found
         return found
 
+    def occurrences(self, k: int, limit: int) -> list[list[int]]:
+        """What followed each of the `limit` most recent occurrences of the longest
+        matched suffix, at most k tokens each, duplicates kept: the counts of a
+        frequency draft (verispec.proposers.ngram_sampled)."""
+        n = self.longest_match()
+        if not n:
+            return []
+        tokens, length = self.tokens, len(self.tokens)
+        starts = self.starts[tuple(tokens[length - n:])][-limit:]
+        return [tokens[start + n: start + n + k] for start in starts]
+
 
 class NgramProposer(Proposer):
     name = "ngram"
     free = True
 
     def __init__(self, ngram_min: int, ngram_max: int, eos_token_ids: frozenset[int],
-                 tree_nodes: int = 0) -> None:
+                 tree_nodes: int = 0, frequency: FrequencyDrafts | None = None) -> None:
+        self.frequency = frequency  # sampled requests: chains drawn from continuation counts
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
         self.eos = frozenset(eos_token_ids)
@@ -102,6 +119,8 @@ class NgramProposer(Proposer):
             return Proposal.empty()
         self.index.update(ctx.tokens)
         nodes = ctx.tree_budget(self.tree_nodes)
+        if self.frequency is not None and not nodes:
+            return self.frequency.chain(self.index.occurrences(k, OCCURRENCES), k, self.eos)
         paths = [p for p in (self._cut_at_eos(c) for c in
                              self.index.continuations(k, limit=8 if nodes else 1)) if p]
         if nodes and len(paths) > 1:
@@ -117,4 +136,4 @@ class NgramProposer(Proposer):
 @register("ngram")
 def _build(setup: ProposerSetup) -> Proposer:
     return NgramProposer(setup.spec.ngram_min, setup.spec.ngram_max, setup.target.eos_token_ids,
-                         tree_nodes=setup.spec.tree)
+                         tree_nodes=setup.spec.tree, frequency=FrequencyDrafts.of(setup))

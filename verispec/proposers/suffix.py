@@ -20,7 +20,9 @@ either store is proposed.
 Drafts are a deterministic function of the context and the stores' contents,
 never of the request's sampler, so they carry no draft_probs: the one-hot
 (chain) and multi-draft (tree) rejection rules keep sampled output exactly the
-target's.
+target's. With SpecConfig.frequency_drafts a sampled request's chain is drawn
+instead from the best draft's occurrence counts, with those counts as its
+draft_probs (verispec.proposers.ngram_sampled).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from ..acceptance import Evidence
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .ngram import match_evidence
+from .ngram_sampled import FrequencyDrafts
 from .suffix_store import SuffixIndex, SuffixStore
 from .tree_drafting import DraftTree, as_proposal
 
@@ -53,6 +56,7 @@ class ScoredDraft:
     score: float  # expected accepted tokens: the sum of the nodes' path probabilities
     match_length: int
     source: str  # "global" or "request"
+    paths: list[list[int]]  # the occurrences' continuations it was grown from
 
 
 def _trie(continuations: list[list[int]], stop: frozenset[int]):
@@ -120,7 +124,8 @@ class SuffixProposer(Proposer):
 
     def __init__(self, store: SuffixStore | None, eos_token_ids: frozenset[int],
                  tree_nodes: int = 0, settings: SuffixSettings = SuffixSettings(),
-                 ignore_eos: bool = False) -> None:
+                 ignore_eos: bool = False, frequency: FrequencyDrafts | None = None) -> None:
+        self.frequency = frequency  # sampled requests: chains drawn from the counts
         self.store = store  # None: only this request's own text (no Engine store)
         self.tree_nodes = tree_nodes
         self.settings = settings
@@ -168,10 +173,14 @@ class SuffixProposer(Proposer):
                 draft, score = grow_draft(paths, depth if chain else nodes, chain,
                                           self.settings.min_prob, self.stop)
                 if len(draft) and (best is None or score > best.score):
-                    best = ScoredDraft(draft, score, m, source)
+                    best = ScoredDraft(draft, score, m, source, paths)
         self.last = best
         if best is None:
             return Proposal.empty()
+        if chain and self.frequency is not None:
+            # The best-scoring store and match length, drawn from rather than argmaxed.
+            depth = min(k, self.settings.depth_cap(best.match_length))
+            return self.frequency.chain(best.paths, depth, self.stop, self.settings.min_prob)
         tree = best.draft.subtree(list(range(len(best.draft))))
         if tree.max_depth == len(tree):  # a single path: verify it as a chain
             return Proposal(tree.tokens)
@@ -194,4 +203,5 @@ def _build(setup: ProposerSetup) -> Proposer:
                           tree_nodes=spec.tree,
                           settings=SuffixSettings(spec.suffix_factor, spec.suffix_offset,
                                                   spec.suffix_min_prob),
-                          ignore_eos=setup.sampling.ignore_eos)
+                          ignore_eos=setup.sampling.ignore_eos,
+                          frequency=FrequencyDrafts.of(setup))

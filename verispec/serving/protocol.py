@@ -15,7 +15,9 @@ Logprobs (chat `logprobs` / `top_logprobs`, completions `logprobs: N` and
 honoured under speculation (verispec.processors).
 
 verispec extensions: `top_k`, `ignore_eos`, and a `speculation` object
-`{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft"}`,
+`{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft",
+"lookahead_window", "lookahead_ngram", "lookahead_guesses"}` (the last three: lookahead's
+W, N and G, for proposer lookahead or auto),
 and `stream_options.include_provenance`: every streamed chunk then carries, per
 choice, a `provenance` object telling where each token came from (the format is
 in `verispec.serving.provenance`). Without it a stream is exactly OpenAI's.
@@ -34,7 +36,7 @@ from .. import spec_text
 from ..config import SamplingParams, SpecConfig
 from .errors import APIError, validation_error
 from .options import logit_bias, response_grammar
-from .requests import MAX_K, ChatRequest, CompletionRequest, Message, Speculation
+from .requests import MAX_K, MAX_TREE, ChatRequest, CompletionRequest, Message, Speculation
 from .tools import plan_tools
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def parse_sampling(request: Request) -> SamplingParams:
         min_tokens=request.min_tokens, logit_bias=logit_bias(request.logit_bias))
 
 
-_SPEC_FIELDS = ("proposer", "k", "tree", "draft")
+_LOOKAHEAD_FIELDS = ("lookahead_window", "lookahead_ngram", "lookahead_guesses")
+_SPEC_FIELDS = ("proposer", "k", "tree", "draft", *_LOOKAHEAD_FIELDS)
 
 
 def parse_spec(raw: Speculation | None, defaults: ServeDefaults, num_layers: int) -> SpecConfig:
@@ -135,13 +138,25 @@ def parse_spec(raw: Speculation | None, defaults: ServeDefaults, num_layers: int
     typed = {"proposer": raw.proposer or defaults.proposer,
              "k": ("auto" if defaults.adaptive else defaults.k) if raw.k is None else raw.k,
              "k_max": defaults.k, "tree": defaults.tree if raw.tree is None else raw.tree,
-             "draft": raw.draft or defaults.draft, "profile": defaults.profile}
+             "draft": raw.draft or defaults.draft, "profile": defaults.profile,
+             **{name: getattr(raw, name) for name in _LOOKAHEAD_FIELDS}}
     try:
         spec = spec_text.parse_spec(typed)
     except spec_text.SpecError as exc:
         field = {"k_max": "k"}.get(exc.field, exc.field)
         raise APIError(str(exc), f"speculation.{field}" if field in _SPEC_FIELDS
                        else "speculation") from None
+    typed_lookahead = [name for name in _LOOKAHEAD_FIELDS if getattr(raw, name) is not None]
+    if typed_lookahead and spec.proposer not in ("lookahead", "auto"):
+        raise APIError(f"speculation.{typed_lookahead[0]} sets lookahead decoding: it needs "
+                       f"proposer 'lookahead' (or 'auto'), not {spec.proposer!r}",
+                       f"speculation.{typed_lookahead[0]}")
+    if spec.proposer == "lookahead" and spec.tree > MAX_TREE:
+        # Without "tree" a lookahead step feeds its whole window and guesses.
+        raise APIError(f"lookahead with W={spec.lookahead_window}, N={spec.lookahead_ngram}, "
+                       f"G={spec.lookahead_guesses} feeds (W + G) * (N - 1) = {spec.tree} tree "
+                       f"nodes a step, over the {MAX_TREE} a request may have; make them smaller "
+                       f"or cap the nodes with speculation.tree", "speculation")
     if spec.proposer == "draft":
         # A draft source made from the target (self:L) needs no preloading; its layer
         # count needs the model, which only the server knows here.

@@ -24,6 +24,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Fiel
 
 MAX_N = 16
 MAX_K = 32
+MAX_TREE = 256  # tree nodes a request may have verified per step
 MAX_TOKENS = 1 << 30
 
 
@@ -86,8 +87,12 @@ class Speculation(Strict):
     k: Optional[tagged({"integer": Annotated[int, Field(ge=0, le=MAX_K)],
                         "string": Literal["auto"]}, _kind,
                        f"an integer in [0, {MAX_K}] or 'auto'")] = None
-    tree: Optional[Annotated[int, Field(ge=0, le=256)]] = None
+    tree: Optional[Annotated[int, Field(ge=0, le=MAX_TREE)]] = None
     draft: Optional[Text] = None
+    # proposer lookahead (or auto's lookahead candidate): W, N and G (docs/lookahead.md)
+    lookahead_window: Optional[Annotated[int, Field(ge=1, le=64)]] = None
+    lookahead_ngram: Optional[Annotated[int, Field(ge=2, le=16)]] = None
+    lookahead_guesses: Optional[Annotated[int, Field(ge=0, le=64)]] = None
 
 
 class StreamOptions(Strict):
