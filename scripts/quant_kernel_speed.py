@@ -25,11 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verispec import kernels  # noqa: E402
 
 FORMATS = ["BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0"]
-# name -> [(matrix, out, in)]: SmolLM2-135M (the default model) and a Qwen2.5-1.5B-like layer.
+# name -> [(matrix, out, in)]: SmolLM2-135M (the default model), a Qwen2.5-1.5B-like and a
+# Llama-3.1-8B-like layer.
 SHAPES = {
     "135M": [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536),
              ("lm_head", 49152, 576)],
     "1.5B": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)],
+    "8B": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
 }
 HALF_FIELDS = {"Q8_0": (0, 2), "Q4_0": (0, 2), "Q5_0": (0, 2), "Q4_1": (0, 4), "Q5_1": (0, 4),
                "Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210)}
@@ -91,7 +93,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--formats", default=",".join(FORMATS))
-    parser.add_argument("--models", default=",".join(SHAPES))
+    parser.add_argument("--models", default="135M,1.5B", help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--buffered", action="store_true",
                         help="also time each block format with the fused pass off ('Q4_0/buf')")
