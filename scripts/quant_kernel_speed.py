@@ -73,6 +73,9 @@ def stream_gbps(threads: int, size: int = 1 << 30) -> float:
     return size / statistics.median(times) / 1e9
 
 
+CLOCK = time.perf_counter
+
+
 def time_packs(packs, x, out, fused_rows: int | None = None) -> float:
     """ms per matmul, cycling through the copies once; fused_rows=0 times the
     buffered quantized path."""
@@ -80,10 +83,10 @@ def time_packs(packs, x, out, fused_rows: int | None = None) -> float:
     if fused_rows is not None:
         kernels.quant_fused_rows(fused_rows)
     try:
-        start = time.perf_counter()
+        start = CLOCK()
         for packed in packs:
             kernels.linear(x, packed, out)
-        return (time.perf_counter() - start) / len(packs) * 1e3
+        return (CLOCK() - start) / len(packs) * 1e3
     finally:
         kernels.quant_fused_rows(default)
 
@@ -98,7 +101,14 @@ def main() -> None:
     parser.add_argument("--buffered", action="store_true",
                         help="also time each block format with the fused pass off ('Q4_0/buf')")
     parser.add_argument("--working-set", type=int, default=96 << 20, help="bytes of weights per (shape, format)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the thread's CPU (with --threads 1: robust to other processes' load)")
     args = parser.parse_args()
+    if args.cpu_time:
+        if args.threads != 1:
+            sys.exit("--cpu-time counts the calling thread only: use it with --threads 1")
+        global CLOCK
+        CLOCK = time.thread_time
     if not kernels.available():
         sys.exit("verispec kernels unavailable on this machine")
     torch.set_num_threads(args.threads)
