@@ -119,7 +119,8 @@ def main() -> int:
         print(f"== {file.name}: {size:.2f}B parameters", flush=True)
         m = measure(file, args.out, args.threads, size <= args.dense_max, args.steps, args.ns)
         for threads, t in m["speed"]["threads"].items():
-            curve = {int(n): v for n, v in t["quant_tn_ms"].items()}
+            # One thread: CPU time (the shared machine's load inflates wall time several-fold).
+            curve = {int(n): v for n, v in t["quant_tn_cpu_ms" if int(threads) == 1 else "quant_tn_ms"].items()}
             cost = load_profile(m["profile"].replace("{threads}", str(threads)))
             projected = {w: optimal_k(a, cost, k_max=max(curve) - 1) for w, a in alphas.items()}
             rows.append({"file": file.name, "params_b": size, "threads": int(threads), "ms": t["decode_ms"],

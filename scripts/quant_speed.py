@@ -101,20 +101,26 @@ def decode_ms(models: dict, tokens: list[int], context: int, steps: int, threads
     return {label: statistics.median(v) * 1e3 for label, v in times.items()}
 
 
-def cost_curve(model, tokens: list[int], context: int, ns: list[int], repeats: int) -> dict:
-    """Median ms of an n-token forward (all logits) after `context` for each n in
-    `ns`, interleaved over n and rolled back after each."""
+def cost_curve(model, tokens: list[int], context: int, ns: list[int], repeats: int,
+               cpu_out: dict | None = None) -> dict:
+    """Median wall ms of an n-token forward (all logits) after `context` for each n
+    in `ns`, interleaved over n and rolled back after each; `cpu_out` gets the
+    process CPU ms (at one thread, the cost other sessions' load leaves alone)."""
     max_n = max(ns)
     cache = model.new_cache(context + max_n + 1)
     model.forward(torch.tensor(tokens[:context]), cache, num_logits=1)
     times = {n: [] for n in sorted(ns)}
+    cpu = {n: [] for n in sorted(ns)}
     block = torch.tensor(tokens[context:context + max_n])
     for _ in range(repeats):
         for n in times:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             model.forward(block[:n], cache)
             times[n].append(time.perf_counter() - start)
+            cpu[n].append(time.process_time() - start_cpu)
             cache.truncate(context)
+    if cpu_out is not None:
+        cpu_out.update({n: statistics.median(v) * 1e3 for n, v in cpu.items()})
     return {n: statistics.median(v) * 1e3 for n, v in times.items()}
 
 
@@ -196,13 +202,20 @@ def main() -> int:
         report["threads"][t] = {"decode_ms": ms, "decode_cpu_ms": cpu_ms, "read_gbs": bw, "quant_bound_ms": bound}
     for t in threads:
         torch.set_num_threads(t)
-        curve = cost_curve(models["quant"], tokens, args.context, ns, args.repeats)
+        cpu_curve: dict = {}
+        curve = cost_curve(models["quant"], tokens, args.context, ns, args.repeats, cpu_curve)
         ratios = " ".join(f"{n}:{curve[n] / curve[1]:.2f}" for n in curve)
+        cpu_ratios = " ".join(f"{n}:{cpu_curve[n] / cpu_curve[1]:.2f}" for n in cpu_curve)
         print(f"threads {t}: quant T(n)/T(1), T(1) {curve[1]:.2f} ms: {ratios}")
+        print(f"threads {t}: quant T(n)/T(1) in CPU time, T(1) {cpu_curve[1]:.2f} ms: {cpu_ratios}")
         report["threads"][t]["quant_tn_ms"] = curve
+        report["threads"][t]["quant_tn_cpu_ms"] = cpu_curve
         if args.profile_out and ("{threads}" in args.profile_out or t == threads[0]):
-            write_json(args.profile_out.replace("{threads}", str(t)), {"n": list(curve), "seconds": [v / 1e3 for v in curve.values()],
-                                          "model": args.model, "threads": t, "context": args.context})
+            # At one thread the CPU-time curve: the wall one is the machine's load as much as the model.
+            use = cpu_curve if t == 1 else curve
+            write_json(args.profile_out.replace("{threads}", str(t)),
+                       {"n": list(use), "seconds": [v / 1e3 for v in use.values()], "model": args.model,
+                        "threads": t, "context": args.context, "clock": "cpu" if t == 1 else "wall"})
     write_json(args.json, report)
     return 0
 
