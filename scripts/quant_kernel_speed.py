@@ -25,11 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verispec import kernels  # noqa: E402
 
 FORMATS = ["BF16", "Q8_0", "Q6_K", "Q5_K", "Q5_1", "Q5_0", "Q4_K", "Q4_1", "Q4_0"]
-# name -> [(matrix, out, in)]: SmolLM2-135M (the default model) and a Qwen2.5-1.5B-like layer.
+# name -> [(matrix, out, in)]: SmolLM2-135M (the default model), a Qwen2.5-1.5B-like and a
+# Llama-3.1-8B-like layer.
 SHAPES = {
     "135M": [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536),
              ("lm_head", 49152, 576)],
     "1.5B": [("qkv", 2048, 1536), ("o", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960)],
+    "8B": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)],
 }
 HALF_FIELDS = {"Q8_0": (0, 2), "Q4_0": (0, 2), "Q5_0": (0, 2), "Q4_1": (0, 4), "Q5_1": (0, 4),
                "Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210)}
@@ -71,6 +73,9 @@ def stream_gbps(threads: int, size: int = 1 << 30) -> float:
     return size / statistics.median(times) / 1e9
 
 
+CLOCK = time.perf_counter
+
+
 def time_packs(packs, x, out, fused_rows: int | None = None) -> float:
     """ms per matmul, cycling through the copies once; fused_rows=0 times the
     buffered quantized path."""
@@ -78,10 +83,10 @@ def time_packs(packs, x, out, fused_rows: int | None = None) -> float:
     if fused_rows is not None:
         kernels.quant_fused_rows(fused_rows)
     try:
-        start = time.perf_counter()
+        start = CLOCK()
         for packed in packs:
             kernels.linear(x, packed, out)
-        return (time.perf_counter() - start) / len(packs) * 1e3
+        return (CLOCK() - start) / len(packs) * 1e3
     finally:
         kernels.quant_fused_rows(default)
 
@@ -91,12 +96,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--formats", default=",".join(FORMATS))
-    parser.add_argument("--models", default=",".join(SHAPES))
+    parser.add_argument("--models", default="135M,1.5B", help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--buffered", action="store_true",
                         help="also time each block format with the fused pass off ('Q4_0/buf')")
     parser.add_argument("--working-set", type=int, default=96 << 20, help="bytes of weights per (shape, format)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the thread's CPU (with --threads 1: robust to other processes' load)")
     args = parser.parse_args()
+    if args.cpu_time:
+        if args.threads != 1:
+            sys.exit("--cpu-time counts the calling thread only: use it with --threads 1")
+        global CLOCK
+        CLOCK = time.thread_time
     if not kernels.available():
         sys.exit("verispec kernels unavailable on this machine")
     torch.set_num_threads(args.threads)

@@ -64,42 +64,63 @@ def weight_bytes(model) -> int:
     return total
 
 
-def decode_ms(models: dict, tokens: list[int], context: int, steps: int, threads: int) -> dict:
+def decode_ms(models: dict, tokens: list[int], context: int, steps: int, threads: int,
+              cpu_out: dict | None = None) -> dict:
+    """Median wall ms per decode step per contender; `cpu_out` gets the median CPU
+    ms of the process over the step (all threads), which other sessions' load on
+    a shared machine does not inflate the way it does the wall time."""
     torch.set_num_threads(threads)
     caches = {}
     for label, model in models.items():
         if label == "llamacpp":
+            # llama.cpp fixes its thread count when the context is made (at the
+            # torch default, 2 here); each thread count must be set on it too.
+            model._ctx.set_n_threads(threads, threads)
+            import llama_cpp
+
+            assert llama_cpp.llama_n_threads(model._ctx.ctx) == threads
             model.reset()
             model.eval(tokens[:context])
         else:
             caches[label] = model.new_cache(context + steps + 1)
             model.forward(torch.tensor(tokens[:context]), caches[label], num_logits=1)
     times = {label: [] for label in models}
+    cpu = {label: [] for label in models}
     for step in range(steps):
         token = tokens[context + step]
         for label, model in models.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             if label == "llamacpp":
                 model.eval([token])
             else:
                 model.forward(torch.tensor([token]), caches[label])
             times[label].append(time.perf_counter() - start)
+            cpu[label].append(time.process_time() - start_cpu)
+    if cpu_out is not None:
+        cpu_out.update({label: statistics.median(v) * 1e3 for label, v in cpu.items()})
     return {label: statistics.median(v) * 1e3 for label, v in times.items()}
 
 
-def cost_curve(model, tokens: list[int], context: int, max_n: int, repeats: int) -> dict:
-    """Median ms of an n-token forward (all logits) after `context`, n = 1..max_n,
-    interleaved over n and rolled back after each."""
+def cost_curve(model, tokens: list[int], context: int, ns: list[int], repeats: int,
+               cpu_out: dict | None = None) -> dict:
+    """Median wall ms of an n-token forward (all logits) after `context` for each n
+    in `ns`, interleaved over n and rolled back after each; `cpu_out` gets the
+    process CPU ms (at one thread, the cost other sessions' load leaves alone)."""
+    max_n = max(ns)
     cache = model.new_cache(context + max_n + 1)
     model.forward(torch.tensor(tokens[:context]), cache, num_logits=1)
-    times = {n: [] for n in range(1, max_n + 1)}
+    times = {n: [] for n in sorted(ns)}
+    cpu = {n: [] for n in sorted(ns)}
     block = torch.tensor(tokens[context:context + max_n])
     for _ in range(repeats):
         for n in times:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             model.forward(block[:n], cache)
             times[n].append(time.perf_counter() - start)
+            cpu[n].append(time.process_time() - start_cpu)
             cache.truncate(context)
+    if cpu_out is not None:
+        cpu_out.update({n: statistics.median(v) * 1e3 for n, v in cpu.items()})
     return {n: statistics.median(v) * 1e3 for n, v in times.items()}
 
 
@@ -125,6 +146,7 @@ def main() -> int:
     p.add_argument("--context", type=int, default=200)
     p.add_argument("--steps", type=int, default=64, help="decode steps per contender")
     p.add_argument("--max-n", type=int, default=32, help="largest n of T(n)/T(1)")
+    p.add_argument("--ns", default=None, help="the n of T(n)/T(1) as a comma list (default 1..max-n)")
     p.add_argument("--repeats", type=int, default=7, help="repeats per n of T(n)")
     p.add_argument("--no-dense", action="store_true", help="skip the dense bf16 contender")
     p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
@@ -132,7 +154,8 @@ def main() -> int:
     p.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--profile-out", default=None, metavar="FILE",
-                   help="write the first thread count's quantized T(n) for `verispec calc --profile`")
+                   help="write the first thread count's quantized T(n) for `verispec calc --profile`; "
+                        "a name with {threads} gets one file per thread count")
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     if args.rss_child:
@@ -158,7 +181,8 @@ def main() -> int:
         write_json(args.json, report)
         return 0
     models = {kind: load(kind, args.model) for kind in kinds}
-    tokens = list(range(1000, 1000 + args.context + args.steps + args.max_n + 1))
+    ns = sorted({1, *(int(n) for n in args.ns.split(","))}) if args.ns else list(range(1, args.max_n + 1))
+    tokens = list(range(1000, 1000 + args.context + args.steps + max(ns) + 1))
     report = {"model": args.model, "context": args.context, "threads": {}, "weights_mib": {}}
     for kind in ("quant", "dense"):
         if kind in models:
@@ -168,22 +192,30 @@ def main() -> int:
     for t in threads:
         torch.set_num_threads(t)
         bw = read_bandwidth_gbs()
-        ms = decode_ms(models, tokens, args.context, args.steps, t)
-        line = ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())
+        cpu_ms: dict = {}
+        ms = decode_ms(models, tokens, args.context, args.steps, t, cpu_ms)
+        line = ", ".join(f"{k} {v:.2f} ms (CPU {cpu_ms[k]:.2f})" for k, v in ms.items())
         bound = weight_bytes(models["quant"]) / bw / 1e6
         ratios = ", ".join(f"{k}/quant {v / ms['quant']:.2f}x" for k, v in ms.items() if k != "quant")
         print(f"threads {t}: {line}; {ratios}; read bandwidth {bw:.1f} GB/s -> quant bound "
               f"{bound:.2f} ms ({bound / ms['quant']:.0%} of it reached)")
-        report["threads"][t] = {"decode_ms": ms, "read_gbs": bw, "quant_bound_ms": bound}
+        report["threads"][t] = {"decode_ms": ms, "decode_cpu_ms": cpu_ms, "read_gbs": bw, "quant_bound_ms": bound}
     for t in threads:
         torch.set_num_threads(t)
-        curve = cost_curve(models["quant"], tokens, args.context, args.max_n, args.repeats)
+        cpu_curve: dict = {}
+        curve = cost_curve(models["quant"], tokens, args.context, ns, args.repeats, cpu_curve)
         ratios = " ".join(f"{n}:{curve[n] / curve[1]:.2f}" for n in curve)
+        cpu_ratios = " ".join(f"{n}:{cpu_curve[n] / cpu_curve[1]:.2f}" for n in cpu_curve)
         print(f"threads {t}: quant T(n)/T(1), T(1) {curve[1]:.2f} ms: {ratios}")
+        print(f"threads {t}: quant T(n)/T(1) in CPU time, T(1) {cpu_curve[1]:.2f} ms: {cpu_ratios}")
         report["threads"][t]["quant_tn_ms"] = curve
-        if args.profile_out and t == threads[0]:
-            write_json(args.profile_out, {"n": list(curve), "seconds": [v / 1e3 for v in curve.values()],
-                                          "model": args.model, "threads": t, "context": args.context})
+        report["threads"][t]["quant_tn_cpu_ms"] = cpu_curve
+        if args.profile_out and ("{threads}" in args.profile_out or t == threads[0]):
+            # At one thread the CPU-time curve: the wall one is the machine's load as much as the model.
+            use = cpu_curve if t == 1 else curve
+            write_json(args.profile_out.replace("{threads}", str(t)),
+                       {"n": list(use), "seconds": [v / 1e3 for v in use.values()], "model": args.model,
+                        "threads": t, "context": args.context, "clock": "cpu" if t == 1 else "wall"})
     write_json(args.json, report)
     return 0
 

@@ -141,6 +141,28 @@ def test_llama31_rope_freqs(tmp_path):
         convert_gguf(path, quiet=True)
 
 
+def test_llama31_dense_weights_keep_rope_freqs(tmp_path):
+    """--weights dense on a Llama 3.1 file reads it with the native GGUF reader, not
+    transformers' conversion (which drops rope_freqs): the factors stay, fp32 logits
+    follow the llama3-scaled reference, bf16 ones equal the quantized path's bit for
+    bit. transformers' backend cannot keep them and says so."""
+    from verispec.models.loading import load_target
+
+    path, _ = pair(tmp_path, Q.Q8_0, TinyShape(llama3_rope=True))
+    want = logits_every_way(NativeLlama.from_dir(tmp_path / "ref", torch.float32))
+    dense = load_target(str(path), dtype="fp32", weights="dense")
+    assert (dense.backend, dense.weights) == ("native", "dense")
+    assert dense.target.weights_kind == "dense" and dense.target.spec.rope.kind == "freq_factors"
+    assert (logits_every_way(dense.target) - want).abs().max() < 1e-3 * want.abs().max()
+    if kernels.available():
+        bf16 = load_target(str(path), dtype="bf16", weights="dense")
+        quant = load_target(str(path), weights="quant")
+        assert (bf16.weights, quant.weights) == ("dense", "quant")
+        assert torch.equal(logits_every_way(bf16.target), logits_every_way(quant.target))
+    with pytest.raises(ValueError, match="rope_freqs"):
+        load_target(str(path), backend="hf", weights="dense")
+
+
 def test_truncated_file(tmp_path):
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     data = path.read_bytes()

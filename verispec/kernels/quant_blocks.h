@@ -14,8 +14,6 @@ namespace vs::quant {
 
 #define VS_INLINE inline __attribute__((always_inline))
 
-VS_INLINE __m512i splat32(int v) { return _mm512_set1_epi32(v); }
-
 struct Scale2 {
   __m512 a, b;
 };
@@ -52,10 +50,9 @@ struct BlockQ4_0 {
   using Seg = Scale2;
   static VS_INLINE Seg seg(const uint8_t* t, int) { return spread2(halves(t)); }
   static VS_INLINE __m512i row(const uint8_t* t, const Seg& s, int p) {
-    __m512i lo, hi;
-    nibbles(t + 32 + 16 * p, &lo, &hi);
-    return pairs(_mm512_mul_ps(s.a, lanes(_mm512_sub_epi32(lo, splat32(8)))),
-                 _mm512_mul_ps(s.b, lanes(_mm512_sub_epi32(hi, splat32(8)))));
+    const __m512i v = nibble_bytes(t + 32 + 16 * p);
+    const __m512 table = ramp(-8);
+    return pairs(_mm512_mul_ps(s.a, lut16(v, table)), _mm512_mul_ps(s.b, lut16(high_nibbles(v), table)));
   }
 };
 
@@ -65,9 +62,8 @@ struct BlockQ4_1 {
   using Seg = Scale4;
   static VS_INLINE Seg seg(const uint8_t* t, int) { return spread4(halves(t), halves(t + 32)); }
   static VS_INLINE __m512i row(const uint8_t* t, const Seg& s, int p) {
-    __m512i lo, hi;
-    nibbles(t + 64 + 16 * p, &lo, &hi);
-    return pairs(_mm512_fmadd_ps(s.a, lanes(lo), s.oa), _mm512_fmadd_ps(s.b, lanes(hi), s.ob));
+    const __m512i v = nibble_bytes(t + 64 + 16 * p);
+    return pairs(_mm512_fmadd_ps(s.a, lut16(v, ramp(0)), s.oa), _mm512_fmadd_ps(s.b, lanes(high_nibbles(v)), s.ob));
   }
 };
 
@@ -77,11 +73,10 @@ struct BlockQ5_0 {
   using Seg = Scale2;
   static VS_INLINE Seg seg(const uint8_t* t, int) { return spread2(halves(t)); }
   static VS_INLINE __m512i row(const uint8_t* t, const Seg& s, int p) {
-    __m512i lo, hi;
-    nibbles(t + 32 + 16 * p, &lo, &hi);
-    lo = _mm512_sub_epi32(_mm512_mask_or_epi32(lo, mask16(t + 288 + 4 * p), lo, splat32(16)), splat32(16));
-    hi = _mm512_sub_epi32(_mm512_mask_or_epi32(hi, mask16(t + 290 + 4 * p), hi, splat32(16)), splat32(16));
-    return pairs(_mm512_mul_ps(s.a, lanes(lo)), _mm512_mul_ps(s.b, lanes(hi)));
+    const __m512i v = nibble_bytes(t + 32 + 16 * p);
+    const __m512 low = ramp(-16), high = ramp(0);
+    return pairs(_mm512_mul_ps(s.a, lut32(v, mask16(t + 288 + 4 * p), low, high)),
+                 _mm512_mul_ps(s.b, lut32(high_nibbles(v), mask16(t + 290 + 4 * p), low, high)));
   }
 };
 
@@ -91,11 +86,10 @@ struct BlockQ5_1 {
   using Seg = Scale4;
   static VS_INLINE Seg seg(const uint8_t* t, int) { return spread4(halves(t), halves(t + 32)); }
   static VS_INLINE __m512i row(const uint8_t* t, const Seg& s, int p) {
-    __m512i lo, hi;
-    nibbles(t + 64 + 16 * p, &lo, &hi);
-    lo = _mm512_mask_or_epi32(lo, mask16(t + 320 + 4 * p), lo, splat32(16));
-    hi = _mm512_mask_or_epi32(hi, mask16(t + 322 + 4 * p), hi, splat32(16));
-    return pairs(_mm512_fmadd_ps(s.a, lanes(lo), s.oa), _mm512_fmadd_ps(s.b, lanes(hi), s.ob));
+    const __m512i v = nibble_bytes(t + 64 + 16 * p);
+    const __m512 low = ramp(0), high = ramp(16);
+    return pairs(_mm512_fmadd_ps(s.a, lut32(v, mask16(t + 320 + 4 * p), low, high), s.oa),
+                 _mm512_fmadd_ps(s.b, lut32(high_nibbles(v), mask16(t + 322 + 4 * p), low, high), s.ob));
   }
 };
 
@@ -111,13 +105,16 @@ struct BlockK {
                    _mm512_mul_ps(halves(t + 32), u8_lanes(t + 192 + 16 * s)));
   }
   static VS_INLINE __m512i row(const uint8_t* t, const Seg& s, int p) {
-    __m512i lo, hi;
-    nibbles(t + 320 + 16 * p, &lo, &hi);
+    const __m512i v = nibble_bytes(t + 320 + 16 * p);
+    __m512 lo, hi;
     if constexpr (kFive) {
-      lo = _mm512_mask_or_epi32(lo, mask16(t + 2368 + 4 * p), lo, splat32(16));
-      hi = _mm512_mask_or_epi32(hi, mask16(t + 2370 + 4 * p), hi, splat32(16));
+      lo = lut32(v, mask16(t + 2368 + 4 * p), ramp(0), ramp(16));
+      hi = lut32(high_nibbles(v), mask16(t + 2370 + 4 * p), ramp(0), ramp(16));
+    } else {
+      lo = lut16(v, ramp(0));
+      hi = lanes(high_nibbles(v));
     }
-    return pairs(_mm512_fmsub_ps(s.a, lanes(lo), s.oa), _mm512_fmsub_ps(s.b, lanes(hi), s.ob));
+    return pairs(_mm512_fmsub_ps(s.a, lo, s.oa), _mm512_fmsub_ps(s.b, hi, s.ob));
   }
 };
 using BlockQ4_K = BlockK<false>;
@@ -132,13 +129,17 @@ struct BlockQ6_K {
   static VS_INLINE Seg seg(const uint8_t* t, int s) { return spread2(_mm512_mul_ps(halves(t), i8_lanes(t + 32 + 16 * s))); }
   static VS_INLINE __m512i row(const uint8_t* t, const Seg& s, int p) {
     const __m512i shifts = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    __m512i lo, hi;
-    nibbles(t + 288 + 16 * p, &lo, &hi);
-    const __m512i hl = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(t + 2336 + 8 * p)), shifts), splat32(3));
-    const __m512i hh = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(u32(t + 2340 + 8 * p)), shifts), splat32(3));
-    lo = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hl, 4)), splat32(32));
-    hi = _mm512_sub_epi32(_mm512_or_si512(hi, _mm512_slli_epi32(hh, 4)), splat32(32));
-    return pairs(_mm512_mul_ps(s.a, lanes(lo)), _mm512_mul_ps(s.b, lanes(hi)));
+    // q - 32 = low nibble + (16 * high2 - 32), both parts by table and their sum exact.
+    // A high-bits lane keeps the next lanes' bits above bit 1; VPERMPS reads bits
+    // [3:0], so that table repeats every four entries.
+    const __m512 low = ramp(0);
+    const __m512 high = _mm512_setr_ps(-32, -16, 0, 16, -32, -16, 0, 16, -32, -16, 0, 16, -32, -16, 0, 16);
+    const __m512i v = nibble_bytes(t + 288 + 16 * p);
+    const __m512i hl = _mm512_srlv_epi32(_mm512_set1_epi32(u32(t + 2336 + 8 * p)), shifts);
+    const __m512i hh = _mm512_srlv_epi32(_mm512_set1_epi32(u32(t + 2340 + 8 * p)), shifts);
+    const __m512 lo = _mm512_add_ps(lut16(v, low), lut16(hl, high));
+    const __m512 hi = _mm512_add_ps(lanes(high_nibbles(v)), lut16(hh, high));
+    return pairs(_mm512_mul_ps(s.a, lo), _mm512_mul_ps(s.b, hi));
   }
 };
 

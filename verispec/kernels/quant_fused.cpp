@@ -39,6 +39,10 @@ void fused_tiles(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t l
   constexpr int64_t tb = B::kTileBytes;
   constexpr int segs = B::kBlock / 2 / B::kPairs;
   constexpr int64_t seg_bytes = T * tb / segs;
+  // A sweep of T < 4 tiles reads T of every 4 tile blocks: it requests its own
+  // tiles of a block whole blocks ahead, not the bytes that follow it.
+  constexpr int64_t block_bytes = kGroupTiles * tb;
+  constexpr int64_t ahead = (kAheadBytes + block_bytes - 1) / block_bytes * block_bytes;
   __m512 c[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -49,8 +53,8 @@ void fused_tiles(const uint8_t* gd, int64_t blocks, const uint16_t* x, int64_t l
     const uint8_t* t = gd + (b * kGroupTiles + j0) * tb;
     const uint16_t* xb = x + b * B::kBlock;
     for (int s = 0; s < segs; ++s) {
-      const char* ahead = reinterpret_cast<const char*>(t + kAheadBytes + s * seg_bytes);
-      for (int64_t line = 0; line < seg_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      const char* next = reinterpret_cast<const char*>(t + ahead + s * seg_bytes);
+      for (int64_t line = 0; line < seg_bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
       typename B::Seg sc[T];
 #pragma GCC unroll 4
       for (int j = 0; j < T; ++j) sc[j] = B::seg(t + j * tb, s);

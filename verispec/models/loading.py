@@ -124,7 +124,8 @@ def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
         # transformers' GGUF loader ignores this tensor, so its dense model would run
         # another RoPE than the file's (Llama 3.1 keeps its scaling there).
         raise ValueError(f"{gguf.name} carries Llama 3.1 RoPE factors (rope_freqs) that "
-                         "transformers' GGUF conversion drops; run it with --weights quant")
+                         "transformers' GGUF conversion drops; run it on the native backend "
+                         "(--backend native, with --weights quant or dense)")
     from safetensors.torch import save_model
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -283,6 +284,25 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     return LoadedTarget(target, tokenizer, "native", "quant")
 
 
+def _load_gguf_dense(gguf: Path, dtype, device, batch_invariant: bool) -> LoadedTarget | None:
+    """A GGUF file with Llama 3.1 RoPE factors (rope_freqs) as dense matrices, read by
+    the native GGUF reader, which keeps the factors: transformers' conversion drops
+    them and would run another RoPE. None for any other file (the conversion is
+    right there, and its cache is what the other dense paths share) or an
+    architecture the native backend lacks."""
+    from .gguf_file import GGUFFile
+    from .native_gguf import native_from_gguf
+
+    gf = GGUFFile(gguf)
+    if "rope_freqs.weight" not in gf.tensors or _gguf_not_native(gguf):
+        return None
+    dev = resolve_device(device)
+    target = native_from_gguf(gf, resolve_dtype(dtype, dev), dev, quant=False,
+                              batch_invariant=batch_invariant)
+    tokenizer = gguf_tokenizer(gguf, metadata=gf.metadata)
+    return LoadedTarget(target, tokenizer, "native", "dense")
+
+
 def _gguf_not_native(gguf: Path) -> str:
     """Why the native backend cannot run this GGUF file's architecture, or ""."""
     from .gguf_arch import parse_arch
@@ -312,6 +332,10 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         raise ValueError(f"--weights quant needs a GGUF file; {source} is not one")
     if gguf is not None and weights != "dense":
         loaded = _load_quant(gguf, weights, backend, dtype, device, batch_invariant)
+        if loaded is not None:
+            return loaded
+    if gguf is not None and backend != "hf":
+        loaded = _load_gguf_dense(gguf, dtype, device, batch_invariant)
         if loaded is not None:
             return loaded
     # Imported here: transformers' modeling code takes seconds to import, and the
