@@ -5,7 +5,6 @@ transformers' encoding and llama.cpp's tokenizer on tokenizers of several
 families built here, and on the default GGUF."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
