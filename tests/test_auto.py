@@ -15,7 +15,7 @@ from verispec.lossless import compare_greedy
 from verispec.acceptance import Evidence
 from verispec.economics import chain_tokens
 from verispec.plan import AutoPolicy, Outcome, PlanContext
-from verispec.proposers.auto import AutoProposer
+from verispec.proposers.auto import AutoProposer, _matched
 from verispec.proposers.base import DraftContext, Proposal, Proposer
 from verispec.token_tree import TokenTree
 
@@ -79,21 +79,12 @@ def _drive(auto: AutoProposer, future: list[int], steps: int, k: int = 4,
         guesses = [[tree.token_list[i] for i in path] for path in tree.paths()] \
             if tree is not None else [proposal.tokens.tolist()]
         at = len(tokens)
-        matched = max(_prefix(guess, future[at:]) for guess in guesses)
+        matched = max(_matched(guess, future[at:]) for guess in guesses)
         fed = len(proposal.tree) if proposal.tree is not None else len(proposal)
         policy.observe(plan, Outcome(fed, matched, verify_seconds=0.002 * (1 + slope * fed)))
         tokens = future[:at + matched + 1]
         hidden = torch.arange(at - 1.0, len(tokens) - 1.0)[:, None]
     return picks
-
-
-def _prefix(guess: list[int], actual: list[int]) -> int:
-    matched = 0
-    for token, want in zip(guess, actual):
-        if token != want:
-            break
-        matched += 1
-    return matched
 
 
 def test_expected_tokens_formula():
