@@ -5,9 +5,10 @@ Numerics follow transformers' modeling_llama op for op where it matters:
 RMSNorm normalizes in float32, casts back, then multiplies the weight; RoPE
 tables are computed in float32 with HF's expression and cast to the model
 dtype; every residual add and activation runs in the model dtype. In float32
-the logits agree with HF to ~1e-5. In bf16 the two backends are not bit-identical
-(their attention kernels round differently), but each is as far from the float32
-logits as the other: ordinary bf16 noise.
+the logits agree with HF within the tolerance tests/test_native.py asserts. In
+bf16 the two backends are not bit-identical (their attention kernels round
+differently), but each is as far from the float32 logits as the other: ordinary
+bf16 noise.
 
 Row invariance. A position's logits and cached keys/values are bit-identical
 whether it is forwarded alone (plain decoding), inside a verification block, a

@@ -130,8 +130,8 @@ def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not quiet:
-        print(f"verispec: converting {gguf.name} to dense weights once "
-              f"(about 30 s), cached in {target}", file=sys.stderr)
+        print(f"verispec: converting {gguf.name} to dense weights once, "
+              f"cached in {target}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     ask_bos_as_llama_cpp(tokenizer, metadata)
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -82,7 +82,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", default=None, help="draft model for --proposer draft: PATH or self:L")
     p.add_argument("--profile", default=None,
                    help="cost profile from `verispec profile`: the prior shape of T(n) "
-                        "(default: a few forwards timed at start, about 2.5 s for the default model)")
+                        "(default: a few forwards timed at start)")
     p.add_argument("--guard-window", type=int, default=16,
                    help="steps per window of the realized-rate check: per batch size, probe "
                         "windows alternate steps that allow drafts with steps that do not, and "
