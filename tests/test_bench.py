@@ -106,7 +106,10 @@ def test_adaptive_and_auto_runs_record_and_plot_their_choices(engine, tmp_path):
     assert len(keyed.step_evidence) == len(keyed.step_k)
     assert all(e is None or 0 <= e <= 4 for e in keyed.step_evidence)
     assert any(e is not None for e in keyed.step_evidence)
-    assert all(e is None for e in auto.step_evidence)
+    # auto keys its candidates' acceptance by the first free candidate's evidence (n-gram
+    # lookup's match length), and records the key of each step the same way.
+    assert len(auto.step_evidence) == len(auto.step_k)
+    assert all(e is None or 0 <= e <= 4 for e in auto.step_evidence)
     data = json.loads((tmp_path / "results.json").read_text())
     assert [r["step_k"] for r in data["records"]] == [r.step_k for r in out.records]
     assert all(r.adaptive for r in out.records if r.kind != "peer")
