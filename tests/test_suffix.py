@@ -320,3 +320,31 @@ def test_concurrent_server_requests_share_one_consistent_store(tiny):
     cold, warm = (sum(a["speculation"]["accepted"] for a in answers.values())
                   for answers in (first, second))
     assert warm >= 0.5 * 19 * len(prompts) and warm > 2 * cold
+
+
+def test_bench_repeats_never_draft_from_their_own_earlier_run():
+    """`bench --repeats`: every timed run of a prompt starts from the store the
+    earlier prompts left, and the session learns each prompt's answer once. Before,
+    the second repeat of a suffix (or auto) run drafted the first repeat's output and
+    its replay was timed as speculation."""
+    from conftest import tiny_engine
+    from verispec.bench.runner import BenchPrompt, Runner, run_bench, verispec_configs
+
+    engine = tiny_engine()
+    prompts = [BenchPrompt(f"p{i}", "w", tuple(p)) for i, p in enumerate(PROMPTS)]
+    configs = verispec_configs("none,suffix", 4, None)
+    runner = Runner(engine, SamplingParams(max_new_tokens=12))
+    seen: list[tuple[str, int]] = []
+    timed = runner.run
+
+    def spy(prompt, config, sampling=None):
+        seen.append((prompt.id, engine.suffix_store.stats().requests))
+        return timed(prompt, config, sampling)
+
+    runner.run = spy
+    records = run_bench(runner, prompts, configs, progress=False, warmup=False, repeats=3)
+    assert seen == [(f"p{i}", i) for i in range(len(PROMPTS)) for _ in range(3 * len(configs))]
+    plain = {r.prompt_id: r.token_ids for r in records if r.config == "none"}
+    assert engine.suffix_store.sequences() == [plain[f"p{i}"] for i in range(len(PROMPTS))]
+    suffix = {r.prompt_id: r for r in records if r.config == "suffix"}
+    assert all(suffix[p].token_ids == plain[p] for p in plain)

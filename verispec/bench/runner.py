@@ -272,9 +272,14 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
     records: list[RunRecord] = []
     bar = tqdm(total=len(prompts) * len(configs) * repeats, file=sys.stderr, unit="run",
                desc="bench", disable=not progress, dynamic_ncols=True)
+    engine = runner.engine
     with bar:
         for i, prompt in enumerate(prompts):
             mine: dict[str, RunRecord] = {}
+            # Every run of a prompt, every config and repeat, starts from the suffix store
+            # as the earlier prompts left it; otherwise a repeat (or the next config) would
+            # draft the very output it is about to produce and time a replay.
+            before = getattr(engine, "suffix_store", None)
             for rep in range(repeats):
                 # Rotate the order per prompt and repeat so no config always runs first
                 # after a prompt change (cold caches) or right after the most expensive one.
@@ -282,6 +287,8 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
                 for config in list(configs[shift:]) + list(configs[:shift]):
                     bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {config.label}",
                                         refresh=False)
+                    if before is not None:
+                        engine.suffix_store = before.copy()
                     record = runner.run(prompt, config)
                     kept = mine.setdefault(config.label, record)
                     kept.seconds_all.append(record.seconds)
@@ -289,6 +296,10 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
                         kept.decode_seconds_all.append(
                             record.time_split.total - record.time_split.prefill)
                     bar.update()
+            if before is not None:
+                # The session learns this prompt's answer once: the first config's.
+                engine.suffix_store = before
+                before.add(mine[configs[0].label].token_ids)
             for record in mine.values():
                 record.seconds = statistics.median(record.seconds_all)
                 records.append(record)

@@ -18,6 +18,7 @@ loaded from a file (`--suffix-cache`).
 from __future__ import annotations
 
 import bisect
+import copy
 import json
 import os
 import sys
@@ -211,6 +212,16 @@ class SuffixStore:
             self.inserted += 1
             while len(index.bounds) > self.max_requests or index.count > self.max_tokens:
                 index.evict_oldest()
+
+    def copy(self) -> "SuffixStore":
+        """An independent store holding the same sequences: what a benchmark
+        restores before each timed run of one prompt, so that a repeat never
+        drafts from the output of the run before it."""
+        twin = SuffixStore(self.max_requests, self.max_tokens, self.max_depth, self._index.recent)
+        with self._lock:
+            twin._index = copy.deepcopy(self._index)
+            twin.inserted = self.inserted
+        return twin
 
     def matches(self, context: list[int]) -> list[Match]:
         with self._lock:
