@@ -104,6 +104,21 @@ def test_batch_errors_leave_every_cache_as_it_was(tmp_path):
         native.forward_batch([items[1], items[1]])
 
 
+def fused_against_ops(native: NativeLlama, tokens: torch.Tensor):
+    """The fused bf16 forward of `tokens` (every hidden layer kept), checked against
+    the op-by-op forward: equal up to summation order, a bf16 unit here and there."""
+    layers = tuple(range(native.num_layers + 1))
+    fused = native.forward(tokens, native.new_cache(), hidden_layers=layers)
+    native._fused = False
+    try:
+        by_ops = native.forward(tokens, native.new_cache(), hidden_layers=layers)
+    finally:
+        native._fused = True
+    for a, b in zip(fused.hidden, by_ops.hidden):
+        assert ((a.float() - b.float()).abs() <= 2.0 ** -6 * b.float().abs() + 0.02).all()
+    assert (fused.logits - by_ops.logits).abs().max() < 0.1
+    return fused
+
 @needs_kernels
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_fused_layer_matches_layer_by_ops(tmp_path, kind):
@@ -111,15 +126,7 @@ def test_fused_layer_matches_layer_by_ops(tmp_path, kind):
     summation order (a bf16 unit here and there), and is itself exact under blocks."""
     _, native = _tiny_pair(tmp_path, kind, dtype=torch.bfloat16)
     assert native._fused
-    tokens = _tokens(40, vocab=native.vocab_size)
-    layers = tuple(range(native.num_layers + 1))
-    fused = native.forward(tokens, native.new_cache(), hidden_layers=layers)
-    native._fused = False
-    by_ops = native.forward(tokens, native.new_cache(), hidden_layers=layers)
-    native._fused = True
-    for a, b in zip(fused.hidden, by_ops.hidden):
-        assert ((a.float() - b.float()).abs() <= 2.0 ** -6 * b.float().abs() + 0.02).all()
-    assert (fused.logits - by_ops.logits).abs().max() < 0.1
+    fused_against_ops(native, _tokens(40, vocab=native.vocab_size))
     _check_batch_invariance(native, context=20, max_block=6)
     assert len(_fused_weights(native.layers[0])) == 8
 

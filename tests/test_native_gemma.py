@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from test_native import _check_batch_invariance, _max_diff, _tokens
-from test_native_batch import _without_kernels
+from test_native_batch import _without_kernels, fused_against_ops
 from test_native_window import _native
 from verispec import kernels
 from verispec.models.base import BatchItem
@@ -26,13 +26,7 @@ def test_fused_gemma_layer_matches_layer_by_ops(tmp_path, kind):
     assert native._fused and all(args is not None for args in native._fused_args)
     tokens = _tokens(40, vocab=native.vocab_size)
     layers = tuple(range(native.num_layers + 1))
-    fused = native.forward(tokens, native.new_cache(), hidden_layers=layers)
-    native._fused = False
-    by_ops = native.forward(tokens, native.new_cache(), hidden_layers=layers)
-    native._fused = True
-    for a, b in zip(fused.hidden, by_ops.hidden):
-        assert ((a.float() - b.float()).abs() <= 2.0 ** -6 * b.float().abs() + 0.02).all()
-    assert (fused.logits - by_ops.logits).abs().max() < 0.1
+    fused = fused_against_ops(native, tokens)
     fp32 = _native(tmp_path, kind, torch.float32)
     truth = fp32.forward(tokens, fp32.new_cache(), hidden_layers=layers)
     pytorch = _without_kernels(_native(tmp_path, kind, torch.bfloat16))
