@@ -218,8 +218,8 @@ class Engine:
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
-                      adaptive=spec.adaptive and spec.proposer != "none", weights=self.weights,
-                      backend=self.backend_note)
+                      adaptive=spec.adaptive or spec.proposer == "auto",
+                      weights=self.weights, backend=self.backend_note)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            constraint=self.constraint(sampling))
 

@@ -135,7 +135,8 @@ class SpecRequest:
         stats = self.stats
         stats.time_draft += drafted.seconds
         stats.time_verify += committed.verify_seconds
-        record = StepRecord(self.proposer.active, plan.k, committed.drafted,
+        # A step that drafts nothing is a plain step, whoever drafted the one before it.
+        record = StepRecord(self.proposer.active if plan.k else "none", plan.k, committed.drafted,
                             committed.num_accepted, len(committed.tokens),
                             plan.evidence.key if plan.evidence is not None else None,
                             bonus=committed.bonus, rejected=tuple(committed.rejected))
