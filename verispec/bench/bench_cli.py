@@ -152,6 +152,9 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
                              "own_reference": c.own_reference}
                             for c in configs]}
     table = report.markdown(rows, sweeps, notes)
+    grammar_table = report.structured(records)
+    if grammar_table:
+        table += "\n" + grammar_table
     report.write_json(out / "results.json", records, rows, sweeps, env, settings, notes)
     figures = plots.draw_all(out, rows, sweeps, records)
     (out / "report.md").write_text(_report_md(env, plan, table, figures), encoding="utf-8")
