@@ -115,7 +115,7 @@ def test_short_default_model_bench_validates_and_equals_plain(default_engine):
     """The bench on the default model: every output parses and validates against its
     prompt's schema, and speculative output equals plain constrained greedy output."""
     sampling = SamplingParams(max_new_tokens=256)
-    prompts = encode_prompts(default_engine, PROMPTS[:2], sampling)
+    prompts = encode_prompts(default_engine, PROMPTS[3:4], sampling)  # module-api: the shortest
     configs = [BenchConfig(t, "verispec", t, 8, parse_token(t, {"k": 8}))
                for t in ("none", "ngram+auto", "ngram+auto+grammar_forced=0")]
     records = run_bench(Runner(default_engine, sampling), prompts, configs, progress=False,
@@ -129,4 +129,4 @@ def test_short_default_model_bench_validates_and_equals_plain(default_engine):
         assert by[p.id, "ngram+auto+grammar_forced=0"].grammar_forced == 0
         assert by[p.id, "none"].target_forwards == by[p.id, "none"].tokens
     table = structured(records)
-    assert "| structured | ngram+auto | 2/2 |" in table
+    assert "| structured | ngram+auto | 1/1 |" in table

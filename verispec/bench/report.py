@@ -146,10 +146,14 @@ def summarize(records: Sequence[RunRecord], configs: Sequence[BenchConfig]) -> l
                      if ref_label is not None else None)
         plain = ({r.prompt_id: r for r in mine if r.config == plain_label}
                  if plain_label is not None else None)
+        # Peers skip grammar-constrained prompts: there verispec's plain run is the reference.
+        ref = ref_label
+        if not reference and plain:
+            reference, ref = plain, plain_label
         for config in configs:
             runs = [r for r in mine if r.config == config.label]
             if runs:
-                rows.append(_row(workload, config, runs, reference, ref_label, plain))
+                rows.append(_row(workload, config, runs, reference, ref, plain))
     return rows
 
 

@@ -268,6 +268,11 @@ class Runner:
                 "grammar_forced": result.stats.grammar_forced, "schema_valid": valid}
 
 
+def runs_on(prompt: BenchPrompt, config: BenchConfig) -> bool:
+    """Peers apply no grammar, so a prompt with a response_format runs on verispec only."""
+    return config.kind != PEER or prompt.grammar is None
+
+
 def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig]) -> None:
     """One short untimed generation per config: loads drafts, fills allocator
     pools and lets one-time kernel selection happen outside the clock."""
@@ -279,7 +284,8 @@ def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig])
         engine.suffix_store = SuffixStore()
     try:
         for config in configs:
-            runner.run(prompt, config, short)
+            if runs_on(prompt, config):
+                runner.run(prompt, config, short)
     finally:
         if kept is not None:
             engine.suffix_store = kept
@@ -307,6 +313,9 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
                 # after a prompt change (cold caches) or right after the most expensive one.
                 shift = (i + rep) % len(configs)
                 for config in list(configs[shift:]) + list(configs[:shift]):
+                    if not runs_on(prompt, config):
+                        bar.update()
+                        continue
                     bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {config.label}",
                                         refresh=False)
                     record = runner.run(prompt, config)
