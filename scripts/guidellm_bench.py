@@ -53,7 +53,7 @@ def local_tokenizer() -> str:
     from the GGUF by verispec's own loading code: no hub."""
     from verispec.models.loading import default_gguf_path, gguf_tokenizer
 
-    tokenizer = gguf_tokenizer(default_gguf_path())
+    tokenizer = gguf_tokenizer(default_gguf_path(), quiet=True)
     folder = Path(tokenizer.name_or_path)
     if not (folder / "tokenizer.json").is_file():
         raise SystemExit(f"no local tokenizer folder at {folder}")
@@ -97,7 +97,7 @@ def guidellm_command(exe: Path, port: int, model: str, tokenizer: str, args, pat
     return [str(exe), "run",
             "--backend", f"kind=openai_http,target=http://127.0.0.1:{port},model={model},"
                          f"request_format=/v1/chat/completions",
-            "--profile", f"kind=concurrent,streams={args.streams}",
+            "--profile", "kind=concurrent", "--override", "profile.streams", args.streams,
             "--constraint", f"kind=max_duration,seconds={args.seconds}",
             "--data", f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},"
                       f"output_tokens={args.output_tokens}",
@@ -142,10 +142,10 @@ def main() -> None:
 
 
 def summary_table(out: Path) -> str:
-    from guidellm_report import rows  # noqa: PLC0415 (reads guidellm's JSON, no guidellm import)
+    from guidellm_report import rows  # reads guidellm's JSON without importing guidellm
 
     lines = ["| server | streams | requests | request latency median s | TTFT median ms "
-             "| ITL median ms | output tok/s |", "|---|---|---|---|---|---|---|"]
+             "| ITL median ms | output tok/s (server, mean) |", "|---|---|---|---|---|---|---|"]
     for slug in ("speculative", "plain"):
         path = out / f"{slug}.json"
         if path.is_file():

@@ -18,6 +18,7 @@ import json
 _TEXT = {"type": "string", "maxLength": 80}
 _LONG = {"type": "string", "maxLength": 200}
 _NULLABLE = {"type": ["string", "null"], "maxLength": 80}
+_NAME = {"type": "string", "maxLength": 40}
 
 SCHEMAS: dict[str, dict] = {
     "package-card": {
@@ -25,7 +26,7 @@ SCHEMAS: dict[str, dict] = {
         "properties": {
             "name": _TEXT, "version": {"type": "string", "maxLength": 32}, "summary": _LONG,
             "license": _NULLABLE, "requires_python": _NULLABLE,
-            "requirements": {"type": "array", "items": _TEXT, "maxItems": 8},
+            "requirements": {"type": "array", "items": _NAME, "maxItems": 6},
         },
         "required": ["name", "version", "summary", "license", "requires_python", "requirements"],
         "additionalProperties": False,
@@ -34,9 +35,9 @@ SCHEMAS: dict[str, dict] = {
         "type": "object",
         "properties": {
             "package": _TEXT,
-            "dependencies": {"type": "array", "maxItems": 8, "items": {
+            "dependencies": {"type": "array", "maxItems": 5, "items": {
                 "type": "object",
-                "properties": {"name": _TEXT, "version_spec": {"type": "string", "maxLength": 40},
+                "properties": {"name": _NAME, "version_spec": {"type": "string", "maxLength": 24},
                                "optional": {"type": "boolean"}},
                 "required": ["name", "version_spec", "optional"],
                 "additionalProperties": False}},
@@ -51,8 +52,8 @@ SCHEMAS: dict[str, dict] = {
             "development_status": {"enum": ["Planning", "Pre-Alpha", "Alpha", "Beta",
                                             "Production/Stable", "Mature", "Inactive", "unknown"]},
             "python_versions": {"type": "array", "items": {"type": "string", "maxLength": 8},
-                                "maxItems": 8},
-            "topics": {"type": "array", "items": _TEXT, "maxItems": 5},
+                                "maxItems": 6},
+            "topics": {"type": "array", "items": _NAME, "maxItems": 4},
             "homepage": _NULLABLE,
         },
         "required": ["name", "development_status", "python_versions", "topics", "homepage"],
@@ -62,9 +63,9 @@ SCHEMAS: dict[str, dict] = {
         "type": "object",
         "properties": {
             "module": _TEXT, "purpose": _LONG,
-            "functions": {"type": "array", "maxItems": 5, "items": {
+            "functions": {"type": "array", "maxItems": 4, "items": {
                 "type": "object",
-                "properties": {"name": {"type": "string", "maxLength": 40}, "does": _LONG},
+                "properties": {"name": _NAME, "does": {"type": "string", "maxLength": 120}},
                 "required": ["name", "does"], "additionalProperties": False}},
         },
         "required": ["module", "purpose", "functions"],
