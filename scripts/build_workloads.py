@@ -9,7 +9,7 @@ if a piece of material is missing or no longer fits its spec (a document
 outside 300-1500 tokens, a bug pattern that no longer occurs exactly once),
 instead of silently writing a different set.
 
-    python scripts/build_workloads.py            # write the seven files
+    python scripts/build_workloads.py            # write the eight files
     python scripts/build_workloads.py --check    # fail if the files differ
     python scripts/build_workloads.py --stats    # also print token statistics
 """
@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload_prompts import AGENTIC_FUNCTIONS, CHAT, CODE_EDITS, CREATIVE, SUMMARIES  # noqa: E402
+from workload_structured import build_structured  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "verispec" / "bench" / "workloads"
 DOC_MIN, DOC_MAX = 300, 1500
@@ -44,10 +45,13 @@ class Built:
     workload: str
     content: str
     source: str
+    response_format: dict | None = None  # OpenAI's shape; the bench applies it as the grammar
 
     def line(self) -> str:
         record = {"id": self.id, "workload": self.workload,
                   "messages": [{"role": "user", "content": self.content}], "source": self.source}
+        if self.response_format is not None:
+            record["response_format"] = self.response_format
         return json.dumps(record, ensure_ascii=False)
 
 
@@ -315,6 +319,7 @@ def build_all(tok) -> dict[str, list[Built]]:
         "chat": build_written("chat", CHAT),
         "mixed": build_mixed(),
         "agentic": build_agentic(),
+        "structured": build_structured(tok, count, stdlib_doc, PY, Built),
     }
     ids = [b.id for prompts in sets.values() for b in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})

@@ -109,6 +109,21 @@ def test_streamed_chat_equals_engine(engine, client, server):
     assert status == 200 and sse.rstrip().endswith("data: [DONE]")
 
 
+def test_continuous_usage_stats_as_vllm_sends_it(engine, client):
+    """vLLM's stream_options.continuous_usage_stats (guidellm sends it with every
+    request): every chunk carries the usage so far, counting up to the total."""
+    messages = [{"role": "user", "content": "hello hello hello"}]
+    want = engine.generate(engine.encode_messages(messages), SamplingParams(max_new_tokens=30), PLAIN)
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=30, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert all(c.usage is not None for c in chunks) and counts == sorted(counts)
+    assert counts[-1] == 30 and len(set(counts)) > 2
+    assert all(c.usage.prompt_tokens == chunks[0].usage.prompt_tokens for c in chunks)
+
+
 def test_n_seed_stop_and_echo(engine, client):
     prompt = "abcabcabcab"
     free = engine.generate(prompt, SamplingParams(max_new_tokens=24), PLAIN).text

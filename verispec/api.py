@@ -221,9 +221,10 @@ class Engine:
                       adaptive=spec.adaptive or spec.proposer == "auto",
                       weights=self.weights, backend=self.backend_note)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
-                           constraint=self.constraint(sampling))
+                           constraint=self.constraint(sampling, spec.grammar_forced))
 
-    def constraint(self, sampling: SamplingParams) -> Constraint | None:
+    def constraint(self, sampling: SamplingParams,
+                   draft_forced: bool = True) -> Constraint | None:
         """The request's grammar state (verispec.grammar), compiled for this tokenizer."""
         if sampling.grammar is None:
             return None
@@ -231,7 +232,8 @@ class Engine:
             raise ValueError("a grammar needs the model's tokenizer")
         if self._ll_tokenizer is None:
             self._ll_tokenizer = ll_tokenizer(self.tokenizer, self.target.vocab_size)
-        return Constraint(sampling.grammar, self._ll_tokenizer, self.target.vocab_size)
+        return Constraint(sampling.grammar, self._ll_tokenizer, self.target.vocab_size,
+                          draft_forced=draft_forced)
 
     def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
                chat: bool) -> tuple[Iterator[Step], Stats]:

@@ -124,6 +124,8 @@ class SpecConfig:
     lookahead_guesses: int = 2  # ... G, pool n-grams verified per step
     frequency_drafts: bool = False  # ngram / suffix chains of a sampled request: each draft
     # token drawn from the continuation frequencies, verified against them (docs/sampling.md)
+    grammar_forced: bool = True  # under a grammar, draft the tokens it forces first (one-hot);
+    # off only to measure what they bring (docs/structured_outputs.md)
 
     def __post_init__(self) -> None:
         if self.k < 0:

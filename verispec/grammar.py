@@ -22,7 +22,8 @@ constrained target (the target's processed distribution, masked and renormalized
 - the tokens the grammar forces are drafted first, one-hot: where the masked
   target allows only that token it is accepted with probability 1, and where
   it allows more (a forced string with several tokenizations) it is an
-  ordinary draft, verified like any other;
+  ordinary draft, verified like any other (`SpecConfig.grammar_forced=False`
+  stops drafting them, to measure what they bring; either way is exact);
 - after verification the matcher keeps exactly the committed tokens, as the
   KV cache does;
 - a draft that takes the grammar engine past one of its limits (llguidance
@@ -38,6 +39,7 @@ The engine sees token ids only; the grammar text is compiled at the edge.
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -71,8 +73,10 @@ class Constraint:
     counts only if the output really goes through that state, where plain
     decoding would fail in the same way."""
 
-    def __init__(self, grammar: Grammar, tokenizer, vocab_size: int, limits=None) -> None:
-        """`limits`: llguidance's LLParserLimits; None: `LIMITS`."""
+    def __init__(self, grammar: Grammar, tokenizer, vocab_size: int, limits=None,
+                 draft_forced: bool = True) -> None:
+        """`limits`: llguidance's LLParserLimits; None: `LIMITS`. `draft_forced`: draft the
+        tokens the grammar forces (SpecConfig.grammar_forced; off only to measure them)."""
         import llguidance
         import llguidance.torch
 
@@ -84,7 +88,11 @@ class Constraint:
         self.matcher = self._new_matcher()
         if self.matcher.is_error():
             raise ValueError(f"invalid {grammar.kind} grammar: {self.matcher.get_error()}")
+        self.draft_forced = draft_forced
         self.forced_drafts = 0  # grammar-forced tokens drafted so far, for the stats
+        # Time spent in the grammar (masks, validation, forced tokens, commits, unpacking
+        # the bitmask), for the stats: what constraining costs per committed token.
+        self.seconds = 0.0
         self.restores = 0  # matchers rebuilt after a draft's error, for the tests
         # The last allowed_prefix: its kept drafts, their rows, and the failure (if any)
         # of the state after them; masks reads them, commit clears them.
@@ -140,25 +148,40 @@ class Constraint:
         rows are kept for `masks`). A draft whose state the grammar engine gives up in
         is kept, as the last: whether it is accepted is the target's question, and the
         request fails only if it is (`commit`)."""
+        t0 = time.perf_counter()
         drafts = [int(t) for t in drafts]
-        rows, keep, failed = self._rows(drafts)
+        try:
+            rows, keep, failed = self._rows(drafts)
+        finally:
+            self.seconds += time.perf_counter() - t0
         self._checked = (drafts[:keep], rows, failed)
         return keep
 
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens the grammar forces next (llguidance's fast-forward); none
         when the search for them alone exceeds a limit (plain decoding never asks)."""
-        if limit <= 0 or self.matcher.is_stopped():
+        if limit <= 0 or not self.draft_forced or self.matcher.is_stopped():
             return []
-        tokens = list(self.matcher.compute_ff_tokens())
-        if self.matcher.is_error():
-            self._restore()
-            return []
+        t0 = time.perf_counter()
+        try:
+            tokens = list(self.matcher.compute_ff_tokens())
+            if self.matcher.is_error():
+                self._restore()
+                return []
+        finally:
+            self.seconds += time.perf_counter() - t0
         return tokens[:limit]
 
     def masks(self, drafts: Sequence[int]) -> torch.Tensor:
         """[k + 1, vocab] bool, row i the tokens allowed after the committed ones and
         drafts[:i]; the drafts must be allowed (see allowed_prefix)."""
+        t0 = time.perf_counter()
+        try:
+            return self._masks(drafts)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _masks(self, drafts: Sequence[int]) -> torch.Tensor:
         drafts = [int(t) for t in drafts]
         checked, self._checked = self._checked, None
         if checked is not None and drafts == checked[0][: len(drafts)]:
@@ -191,6 +214,13 @@ class Constraint:
             raise GrammarLimitError(f"the grammar failed while {doing}: {self.matcher.get_error()}")
 
     def commit(self, tokens: Sequence[int]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._commit(tokens)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _commit(self, tokens: Sequence[int]) -> None:
         tokens = [int(t) for t in tokens]
         bad, self._bad, self._checked = self._bad, None, None
         if bad is not None and len(tokens) > len(bad[0]) and tokens[: len(bad[0])] == bad[0]:

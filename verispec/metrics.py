@@ -34,6 +34,10 @@ class Stats:
     time_draft: float = 0.0
     time_verify: float = 0.0  # the target forward plus the rejection sampler
     time_total: float = 0.0
+    # Under a grammar: time inside the grammar engine (part of draft and verify time)
+    # and the grammar-forced tokens drafted (verispec.grammar.Constraint).
+    time_grammar: float = 0.0
+    grammar_forced: int = 0
     finish_reason: str = ""
     lossy: bool = False  # typical acceptance (SpecConfig.lossy_typical): not the model's distribution
     adaptive: bool = False  # k chosen per step (then `k` is the cap; steps hold each choice)
@@ -96,6 +100,8 @@ class Stats:
                 "other": round(self.time_other, 4),
                 "total": round(self.time_total, 4),
             },
+            **({"grammar": {"time_s": round(self.time_grammar, 4),
+                            "forced_drafts": self.grammar_forced}} if self.time_grammar else {}),
             "acceptance_histogram": {str(k): v for k, v in self.acceptance_histogram.items()},
             "finish_reason": self.finish_reason,
             "lossy": self.lossy,

@@ -141,6 +141,9 @@ class SpecRequest:
                             plan.evidence.key if plan.evidence is not None else None,
                             bonus=committed.bonus, rejected=tuple(committed.rejected))
         stats.record(record)
+        if self.seq.constraint is not None:
+            stats.time_grammar = self.seq.constraint.seconds
+            stats.grammar_forced = self.seq.constraint.forced_drafts
         stats.time_total = time.perf_counter() - self.started
         if committed.finish_reason:
             stats.finish_reason = committed.finish_reason

@@ -130,6 +130,9 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
     # Peers run transformers' generate, so a native target brings an HF twin of itself.
     peers = _peer_runner(peer_engine or engine, plan, notes)
     configs = [c for c in plan.configs if c.kind != PEER or (peers is not None and peers.runs(c))]
+    if any(c.kind == PEER for c in configs) and any(p.grammar is not None for p in prompts):
+        notes.append("peers apply no grammar: they skip the prompts with a response_format "
+                     "(the structured workload), whose speedups are then against none")
     records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress,
                         repeats=plan.repeats)
     if plan.sampling.greedy:
@@ -152,6 +155,9 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
                              "own_reference": c.own_reference}
                             for c in configs]}
     table = report.markdown(rows, sweeps, notes)
+    grammar_table = report.structured(records)
+    if grammar_table:
+        table += "\n" + grammar_table
     report.write_json(out / "results.json", records, rows, sweeps, env, settings, notes)
     figures = plots.draw_all(out, rows, sweeps, records)
     (out / "report.md").write_text(_report_md(env, plan, table, figures), encoding="utf-8")

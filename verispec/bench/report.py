@@ -146,10 +146,14 @@ def summarize(records: Sequence[RunRecord], configs: Sequence[BenchConfig]) -> l
                      if ref_label is not None else None)
         plain = ({r.prompt_id: r for r in mine if r.config == plain_label}
                  if plain_label is not None else None)
+        # Peers skip grammar-constrained prompts: there verispec's plain run is the reference.
+        ref = ref_label
+        if not reference and plain:
+            reference, ref = plain, plain_label
         for config in configs:
             runs = [r for r in mine if r.config == config.label]
             if runs:
-                rows.append(_row(workload, config, runs, reference, ref_label, plain))
+                rows.append(_row(workload, config, runs, reference, ref, plain))
     return rows
 
 
@@ -275,6 +279,37 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
                      f"{ref}, ties judged in its own logits.")
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def structured(records: Sequence[RunRecord]) -> str:
+    """Runs under a prompt's grammar, per workload and config: how many outputs validate
+    against their schema, the median time per request, the grammar engine's time per
+    committed token, and the grammar-forced drafts per committed token. Empty without any."""
+    runs = [r for r in records if r.grammar_seconds is not None]
+    if not runs:
+        return ""
+    lines = ["### under the prompts' grammars", "",
+             "| workload | config | schema-valid | invalid | cut | s/request | tau "
+             "| grammar ms/token | grammar % of time | forced drafts/token |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((r.workload, r.config) for r in runs):
+        mine = [r for r in runs if (r.workload, r.config) == key]
+        tokens = sum(r.tokens for r in mine) or 1
+        forwards = sum(r.target_forwards or 0 for r in mine)
+        grammar = sum(r.grammar_seconds or 0.0 for r in mine)
+        total = sum(r.time_split.total for r in mine if r.time_split) or 1.0
+        count = {s: sum(r.schema_valid == s for r in mine) for s in ("valid", "invalid", "cut")}
+        lines.append(
+            f"| {key[0]} | {key[1]} | {count['valid']}/{len(mine)} | {count['invalid']} "
+            f"| {count['cut']} | {statistics.median(r.seconds for r in mine):.2f} "
+            f"| {_f(tokens / forwards if forwards else None)} | {1000 * grammar / tokens:.3f} "
+            f"| {100 * grammar / total:.1f} "
+            f"| {sum(r.grammar_forced or 0 for r in mine) / tokens:.2f} |")
+    lines += ["", "schema-valid: outputs that parse as JSON and validate against their prompt's "
+              "schema (jsonschema); cut: ended by max_new_tokens first. grammar ms/token: time "
+              "in the grammar engine (masks, draft checks, forced tokens, commits) per "
+              "committed token.", ""]
+    return "\n".join(lines)
 
 
 def write_json(path: str | Path, records: Sequence[RunRecord], rows: Sequence[Row],

@@ -18,12 +18,12 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from ..config import SamplingParams, SpecConfig
+from ..config import Grammar, SamplingParams, SpecConfig
 from ..engine import validate_prompt
 from ..lossless import compare_greedy
 from ..proposers.suffix_store import SuffixStore
 from ..spec_text import parse_token
-from .workloads import Prompt
+from .workloads import Prompt, validate_output
 
 VERISPEC = "verispec"
 PEER = "peer"
@@ -71,6 +71,10 @@ class BenchPrompt:
     id: str
     workload: str
     ids: tuple[int, ...]
+    # A prompt with a response_format (the structured workload): every config runs under
+    # its grammar, and the output is validated against its JSON schema.
+    grammar: Grammar | None = field(default=None, hash=False, compare=False)
+    schema: dict | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass
@@ -115,6 +119,12 @@ class RunRecord:
     # of a generation that the draft length can change.
     decode_seconds_all: list[float] = field(default_factory=list)
     adaptive: bool = False  # the config chooses k or the proposer per step (trajectory plots)
+    # Under a prompt's grammar: seconds in the grammar engine, grammar-forced drafts, and
+    # whether the output validates against the prompt's schema ("valid", "invalid", or
+    # "cut": ended by max_new_tokens before the JSON closed).
+    grammar_seconds: float | None = None
+    grammar_forced: int | None = None
+    schema_valid: str | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -195,7 +205,8 @@ def encode_prompts(engine, prompts: Sequence[Prompt], sampling: SamplingParams) 
             validate_prompt(engine.target, ids, sampling)
         except ValueError as exc:
             raise ValueError(f"prompt {prompt.id}: {exc}") from None
-        encoded.append(BenchPrompt(prompt.id, prompt.workload, tuple(ids)))
+        encoded.append(BenchPrompt(prompt.id, prompt.workload, tuple(ids), prompt.grammar(),
+                                   prompt.schema()))
     return encoded
 
 
@@ -217,8 +228,13 @@ class Runner:
     def run(self, prompt: BenchPrompt, config: BenchConfig,
             sampling: SamplingParams | None = None) -> RunRecord:
         sampling = sampling or self.sampling
+        if prompt.grammar is not None:
+            sampling = replace(sampling, grammar=prompt.grammar)
         gc.collect()
         if config.kind == PEER:
+            if prompt.grammar is not None:
+                raise ValueError(f"prompt {prompt.id} has a response_format, which peers do not "
+                                 "apply: bench it without --peers")
             if self.peers is None:
                 raise ValueError(f"peer {config.label} needs a PeerRunner")
             out = self.peers.run(config, list(prompt.ids), sampling)
@@ -238,7 +254,23 @@ class Runner:
                          step_k=[step.k for step in s.steps],
                          step_proposer=[step.proposer for step in s.steps],
                          step_evidence=[step.evidence for step in s.steps],
-                         adaptive=config.spec.adaptive or config.spec.proposer == "auto")
+                         adaptive=config.spec.adaptive or config.spec.proposer == "auto",
+                         **self._structured(prompt, result))
+
+    def _structured(self, prompt: BenchPrompt, result) -> dict:
+        if prompt.grammar is None:
+            return {}
+        valid = None
+        if prompt.schema is not None:
+            valid = validate_output(prompt.schema, self.engine.decode(list(result.token_ids)),
+                                    result.finish_reason)
+        return {"grammar_seconds": result.stats.time_grammar,
+                "grammar_forced": result.stats.grammar_forced, "schema_valid": valid}
+
+
+def runs_on(prompt: BenchPrompt, config: BenchConfig) -> bool:
+    """Peers apply no grammar, so a prompt with a response_format runs on verispec only."""
+    return config.kind != PEER or prompt.grammar is None
 
 
 def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig]) -> None:
@@ -252,7 +284,8 @@ def warm_up(runner: Runner, prompt: BenchPrompt, configs: Sequence[BenchConfig])
         engine.suffix_store = SuffixStore()
     try:
         for config in configs:
-            runner.run(prompt, config, short)
+            if runs_on(prompt, config):
+                runner.run(prompt, config, short)
     finally:
         if kept is not None:
             engine.suffix_store = kept
@@ -285,6 +318,9 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
                 # after a prompt change (cold caches) or right after the most expensive one.
                 shift = (i + rep) % len(configs)
                 for config in list(configs[shift:]) + list(configs[:shift]):
+                    if not runs_on(prompt, config):
+                        bar.update()
+                        continue
                     bar.set_postfix_str(f"{prompt.workload}/{prompt.id} {config.label}",
                                         refresh=False)
                     if before is not None:

@@ -65,6 +65,7 @@ class Job:
     echo: bool
     include_provenance: bool = False  # stream_options.include_provenance (a verispec extension)
     tools: Any = None  # a verispec.serving.tools.ToolPlan: the reply is (or may be) a tool call
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's extension)
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice i of n draws from its own seed, so seeded choices differ but repeat."""
@@ -290,9 +291,10 @@ def build_job(request: Request | dict, chat: bool, engine, served: tuple[str, ..
         # string, so they would show what a stop trims: refused rather than leaked.
         raise APIError("stream_options.include_provenance cannot be combined with 'stop'",
                        "stream_options")
+    continuous = options is not None and options.continuous_usage_stats
     return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, request.n,
-               request.stream, options is not None and options.include_usage, echo, provenance,
-               tools)
+               request.stream, options is not None and (options.include_usage or continuous),
+               echo, provenance, tools, continuous)
 
 
 def serve_defaults(args: argparse.Namespace) -> ServeDefaults:

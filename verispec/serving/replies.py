@@ -117,7 +117,7 @@ async def stream(run: Run, first, ident: str, model: str, engine: Engine):
 
     def chunk(choices: list, **extra) -> str:
         if run.job.include_usage:
-            extra.setdefault("usage", None)
+            extra.setdefault("usage", run.usage() if run.job.continuous_usage else None)
         if chat:
             body = ChatCompletionChunk(id=ident, object="chat.completion.chunk", created=created,
                                        model=model, choices=choices, **extra)

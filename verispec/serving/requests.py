@@ -97,6 +97,8 @@ class Speculation(Strict):
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    # vLLM's extension (guidellm sends it): every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
     include_provenance: bool = False  # verispec: where each streamed token came from
 
 
