@@ -135,7 +135,25 @@ class ProbRows:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row of [..., vocab] probabilities; returns [...] int64."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    drawn = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    """Draw one token per row of [..., vocab] probabilities (not necessarily
+    normalized); returns [...] int64.
+
+    By inversion: the first token whose cumulative mass exceeds a uniform draw
+    times the row's total, in float64. That is the categorical distribution up to
+    float64 rounding, and costs one pass over the row, where torch.multinomial's
+    CPU kernel costs several times a whole decode step's sampling work at a 49k
+    vocabulary (docs/sampling.md). A token of zero mass is never drawn: the
+    cumulative sum does not rise across it, and `right=True` skips ties."""
+    flat = probs.reshape(-1, probs.shape[-1]).to(torch.float64)  # [rows, vocab]
+    cumulative = flat.cumsum(-1)  # [rows, vocab]
+    total = cumulative[:, -1:]  # [rows, 1]
+    uniforms = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64,
+                          device=generator.device).to(flat.device)
+    drawn = torch.searchsorted(cumulative, uniforms * total, right=True).squeeze(-1)  # [rows]
+    # u * total rounds up to total only when u is within 2^-53 of 1: the last token
+    # of positive mass is then the inverse's answer.
+    over = drawn >= flat.shape[-1]
+    if bool(over.any()):
+        last = flat.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1)
+        drawn = torch.where(over, last, drawn)
     return drawn.reshape(probs.shape[:-1])
