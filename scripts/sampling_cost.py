@@ -55,7 +55,7 @@ def main() -> None:
     for workload in ("chat", "code-edit", "creative", "humaneval"):
         ids = engine.encode_messages(list(load_workload(workload, 1)[0].messages))
         out = engine.target.forward(torch.tensor(ids), engine.target.new_cache(),
-                                    num_logits=args.rows)
+                                    num_logits=min(args.rows, len(ids)))
         real.append(out.logits[-args.rows:])
     rows = torch.cat(real)  # [rows, vocab]
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
