@@ -27,7 +27,7 @@ from .models.base import BatchItem, ForwardOutput, TargetModel
 from .processors import LogitProcessor, TokenLogprob, chain_ancestry, token_logprobs
 from .proposers.base import Proposal, VerifiedRows
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
-from .sampling import logits_to_probs
+from .sampling import ProbRows, logits_to_probs
 from .stopping import Stopper
 from .token_tree import ROOT
 from .tree import TreeFeed, tree_ancestry, tree_feed, tree_finish
@@ -232,7 +232,8 @@ def _verify_chain(drafts: torch.Tensor, draft_probs: torch.Tensor | None,
                   target_logits: torch.Tensor, seq: Sequence) -> Verdict:
     if seq.sampling.greedy:
         return verify_greedy(drafts, target_logits)
-    target_probs = logits_to_probs(target_logits, seq.sampling)  # [k + 1, vocab]
     if seq.lossy_typical:  # opt-in (SpecConfig.lossy_typical); the request's stats say lossy
-        return verify_typical(drafts, target_probs, seq.generator)
-    return verify_sampling(drafts, draft_probs, target_probs, seq.generator)
+        return verify_typical(drafts, logits_to_probs(target_logits, seq.sampling), seq.generator)
+    # Rows computed as the verifier reads them: none past the first rejection.
+    return verify_sampling(drafts, draft_probs, ProbRows(target_logits, seq.sampling),
+                           seq.generator)

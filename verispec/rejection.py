@@ -20,6 +20,7 @@ import torch
 from .sampling import greedy_tokens, sample
 
 if TYPE_CHECKING:
+    from .sampling import ProbRows
     from .token_tree import TokenTree
 
 
@@ -45,31 +46,31 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
 def verify_sampling(
     draft_tokens: torch.Tensor,  # [k]
     draft_probs: torch.Tensor | None,  # [k, vocab]; None = one-hot (deterministic proposer)
-    target_probs: torch.Tensor,  # [k + 1, vocab], already temperature/top-k/top-p transformed
+    target_probs: "torch.Tensor | ProbRows",  # [k + 1, vocab], temperature/top-k/top-p applied
     generator: torch.Generator,
 ) -> Verdict:
+    """Rows of target_probs are read in order up to the first rejection only, so a
+    `sampling.ProbRows` computes no row past it."""
     k = draft_tokens.shape[0]
     device = target_probs.device
-    draft_tokens = draft_tokens.to(device)
-    rows = torch.arange(k, device=device)
-    target_at_draft = target_probs[rows, draft_tokens]  # [k]
-    if draft_probs is None:
-        draft_at_draft = torch.ones(k, device=device)
-    else:
+    drafts = draft_tokens.tolist()
+    uniforms = torch.rand(k, generator=generator, device=device)  # [k]
+    if draft_probs is not None:
         draft_probs = draft_probs.to(device)
-        draft_at_draft = draft_probs[rows, draft_tokens]  # [k]
-    # Accept with probability min(1, target/draft); u < ratio does both at once.
-    uniforms = torch.rand(k, generator=generator, device=device)
-    accepted = uniforms * draft_at_draft < target_at_draft  # [k]
-    num_accepted = int(accepted.int().cumprod(0).sum()) if k else 0
-    tokens = draft_tokens[:num_accepted].tolist()
+        rows = torch.arange(k, device=device)
+        # Accept with probability min(1, target/draft); u * draft < target does both at once.
+        uniforms = uniforms * draft_probs[rows, draft_tokens.to(device)]  # [k]
+    thresholds = uniforms.tolist()
+    num_accepted = next((i for i, (x, u) in enumerate(zip(drafts, thresholds))
+                         if not u < float(target_probs[i][x])), k)
+    tokens = drafts[:num_accepted]
     if num_accepted == k:
         tokens.append(int(sample(target_probs[k], generator)))
         return Verdict(num_accepted, tokens, bonus=True)
     i = num_accepted
     if draft_probs is None:
         residual = target_probs[i].clone()
-        residual[draft_tokens[i]] = 0.0
+        residual[drafts[i]] = 0.0
     else:
         residual = (target_probs[i] - draft_probs[i]).clamp_min(0.0)
     total = residual.sum()
@@ -147,7 +148,7 @@ def verify_tree_greedy(tree: "TokenTree", target_logits: torch.Tensor) -> TreeVe
 
 def verify_tree_sampling(
     tree: "TokenTree",
-    target_probs: torch.Tensor,  # [N + 1, vocab], already temperature/top-k/top-p transformed
+    target_probs: "torch.Tensor | ProbRows",  # [N + 1, vocab], temperature/top-k/top-p applied
     generator: torch.Generator,
 ) -> TreeVerdict:
     """Multi-draft recursive rejection sampling over a token tree: SpecInfer's
@@ -171,6 +172,9 @@ def verify_tree_sampling(
     zeroes the rejected token: EAGLE's code). Siblings sampled WITHOUT
     replacement, or i.i.d. siblings with duplicates merged, need another rule
     (Jeon et al. 2024, recursive speculative decoding) and are not lossless here.
+
+    Only the rows of the root and the accepted nodes are read, so a
+    `sampling.ProbRows` computes nothing for the branches the walk never enters.
     """
     device = target_probs.device
     n = len(tree)

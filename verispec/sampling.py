@@ -55,19 +55,105 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        # Drop a token when the mass strictly before it already reaches top_p;
-        # the most likely token is always kept.
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(~top_p_keep(logits, params.top_p), float("-inf"))
     return logits.softmax(-1)
 
 
+# The first candidate count tried for the nucleus, then its growth factor. A sort
+# of the whole vocabulary costs far more than the forward's other per-row work,
+# and at a useful temperature the nucleus is a few tokens, so a top-m selection
+# almost always settles it (docs/sampling.md).
+_NUCLEUS_FIRST = 64
+_NUCLEUS_GROWTH = 4
+
+
+def top_p_keep(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[..., vocab] bool: the nucleus of each row of tempered logits. A token is
+    dropped when the probability mass strictly before it, in descending order,
+    already reaches top_p; the most likely token is always kept; the order among
+    tied probabilities at the boundary is arbitrary, as with a sort.
+
+    Exact without sorting the vocabulary: the m most likely tokens, in order,
+    decide every token of the row once their mass reaches top_p, because every
+    token after them has at least that mass before it. m grows, for the rows it
+    does not settle yet, until it does (at m = vocab it is the full sort). The
+    cumulative sums are a prefix of a full sort's of the same probabilities
+    (torch's CPU cumsum runs in order), so the kept set is the full sort's."""
+    vocab = logits.shape[-1]
+    probs = logits.softmax(-1).reshape(-1, vocab)  # [rows, vocab]
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    pending = torch.arange(probs.shape[0], device=probs.device)  # rows not settled yet
+    size = min(_NUCLEUS_FIRST, vocab)
+    while pending.numel():
+        every = pending.numel() == probs.shape[0]  # no row settled yet: no copy needed
+        top, order = torch.topk(probs if every else probs[pending], size, dim=-1)  # [n, size]
+        mass = top.cumsum(-1)
+        inside = (mass - top) < top_p  # [n, size]: kept, in descending order
+        settled = mass[:, -1] >= top_p if size < vocab else torch.ones_like(inside[:, 0])
+        if every and bool(settled.all()):
+            keep.scatter_(-1, order, inside)
+            break
+        done = pending[settled]
+        keep[done] = torch.zeros_like(keep[done]).scatter_(-1, order[settled], inside[settled])
+        pending = pending[~settled]
+        size = min(size * _NUCLEUS_GROWTH, vocab)
+    return keep.reshape(logits.shape)
+
+
+class ProbRows:
+    """The rows of `logits_to_probs(logits, params)` for a verified block, each
+    computed when first read (`rows[i]`, [vocab] float32) and kept.
+
+    A verifier reads a chain's rows in order, and a tree's along the accepted path,
+    and stops at the first rejection: it reads one row per emitted token, as plain
+    decoding does, whatever the number of drafts verified. Each row is computed
+    alone, with the arithmetic of a one-row block, so a row equals plain
+    decoding's row bit for bit whenever the logits do."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+        self.logits = logits  # [rows, vocab], the processed logits
+        self.params = params
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    @property
+    def computed(self) -> int:
+        """Rows computed so far."""
+        return len(self._rows)
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        probs = self._rows.get(row)
+        if probs is None:
+            probs = self._rows[row] = logits_to_probs(self.logits[row], self.params)
+        return probs
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row of [..., vocab] probabilities; returns [...] int64."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    drawn = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    """Draw one token per row of [..., vocab] probabilities (not necessarily
+    normalized); returns [...] int64.
+
+    By inversion: the first token whose cumulative mass exceeds a uniform draw
+    times the row's total, in float64. That is the categorical distribution up to
+    float64 rounding, and costs one pass over the row, where torch.multinomial's
+    CPU kernel costs several times a whole decode step's sampling work at a 49k
+    vocabulary (docs/sampling.md). A token of zero mass is never drawn: the
+    cumulative sum does not rise across it, and `right=True` skips ties."""
+    flat = probs.reshape(-1, probs.shape[-1]).to(torch.float64)  # [rows, vocab]
+    cumulative = flat.cumsum(-1)  # [rows, vocab]
+    total = cumulative[:, -1:]  # [rows, 1]
+    uniforms = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64,
+                          device=generator.device).to(flat.device)
+    drawn = torch.searchsorted(cumulative, uniforms * total, right=True).squeeze(-1)  # [rows]
+    # u * total rounds up to total only when u is within 2^-53 of 1: the last token
+    # of positive mass is then the inverse's answer.
+    over = drawn >= flat.shape[-1]
+    if bool(over.any()):
+        last = flat.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1)
+        drawn = torch.where(over, last, drawn)
     return drawn.reshape(probs.shape[:-1])

@@ -18,7 +18,7 @@ import torch
 
 from .config import SamplingParams
 from .rejection import TreeVerdict, verify_tree_greedy, verify_tree_sampling
-from .sampling import logits_to_probs
+from .sampling import ProbRows
 from .token_tree import TokenTree
 
 
@@ -94,7 +94,7 @@ def tree_finish(feed: TreeFeed, out, cache, sampling: SamplingParams,
     if sampling.greedy:
         verdict: TreeVerdict = verify_tree_greedy(tree, logits)
     else:
-        verdict = verify_tree_sampling(tree, logits_to_probs(logits, sampling), generator)
+        verdict = verify_tree_sampling(tree, ProbRows(logits, sampling), generator)
     rows = torch.tensor([0] + [i + 1 for i in verdict.path], dtype=torch.long)  # [accepted + 1]
     cache.compact(past_len, past_len + rows)
     hidden = tuple(h[rows.to(h.device)] for h in out.hidden)
