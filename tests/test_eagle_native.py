@@ -99,8 +99,10 @@ def test_native_layer_computes_the_eager_layer(target, heads, name, tree):
 
 
 @pytest.mark.parametrize("spec_options", [{"k": 1}, {"k": 4}, {"k": 3, "tree": 6},
-                                          {"k": 4, "tree": 10, "tree_shape": "topb"}],
-                         ids=["k1", "k4", "tree6", "topb10"])
+                                          {"k": 4, "tree": 10, "tree_shape": "topb"},
+                                          {"k": 3, "head_quant": "Q8_0"},
+                                          {"k": 2, "tree": 4, "head_quant": "Q4_0"}],
+                         ids=["k1", "k4", "tree6", "topb10", "q8", "q4-tree4"])
 @pytest.mark.parametrize("name", ["trained", "random"])
 def test_greedy_equality_on_the_native_layer(target, heads, name, spec_options):
     """Bit-exact: the native backend's greedy output is plain decoding's."""
@@ -116,6 +118,20 @@ def test_greedy_equality_on_the_native_layer(target, heads, name, spec_options):
     assert drafted > 0
     if name == "trained":
         assert accepted > 0  # the accepted path is exercised, not only rejections
+
+
+def test_head_quant_runs_the_heads_matrices_in_blocks(target, heads):
+    from verispec.kernels import is_quantized
+
+    for fmt in ("Q8_0", "Q4_0"):
+        head = load_head(heads["trained"], "eagle", target, quant=fmt)
+        packed = head.module._packed
+        assert all(packed[n].format == fmt and is_quantized(packed[n].weight)
+                   for n in ("fc", "qkv", "o", "gate_up", "down"))
+        assert head.module._fused is not None
+    assert load_head(heads["trained"], "eagle", target).module._packed["qkv"].format == "bf16"
+    with pytest.raises(ValueError, match="head_quant"):
+        SpecConfig("eagle", head_quant="Q2_K")
 
 
 def test_tree_rows_equal_their_paths_fed_as_chains_bit_for_bit(target, heads, monkeypatch):
@@ -145,7 +161,8 @@ def test_tree_rows_equal_their_paths_fed_as_chains_bit_for_bit(target, heads, mo
         return real_grow(spy, *args, **kwargs)
 
     monkeypatch.setattr(eagle_module, "grow", spying_grow)
-    tokens = PROMPTS[1][:12]
+    tokens = torch.randint(0, target.vocab_size, (12,),
+                           generator=torch.Generator().manual_seed(4)).tolist()
     hidden = target.forward(torch.tensor(tokens[:-1]), target.new_cache(),
                             hidden_layers=proposer.hidden_layers).hidden
     proposer.propose(DraftContext(tokens, len(tokens), hidden), 3)

@@ -126,12 +126,13 @@ class EagleHead(nn.Module, PackedLinears):
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # not in state_dict
         self._fused: NativeLayer | None = None  # step()'s layer as one kernel call, once packed
 
-    def pack(self, native: bool = True) -> None:
+    def pack(self, native: bool = True, quant: str | None = None) -> None:
         """Inference in bf16 on CPU: packed kernels for step() (see packing.py), and
         with `native` the decoder layer as one kernel call where it can run
-        (native_layer.py); native=False keeps the eager layer."""
+        (native_layer.py); native=False keeps the eager layer. `quant`: the
+        matrices in that GGUF block format (PackedLinears.pack_linears)."""
         self.pack_linears([n for n in ("fuse", "fc", "qkv", "o", "gate_up", "down")
-                           if getattr(self, n) is not None])
+                           if getattr(self, n) is not None], quant)
         if not native or not NativeLayer.usable(self):
             self._fused = None
         elif self._fused is None or self._fused.weights[1] is not self._packed["qkv"].weight:

@@ -120,19 +120,26 @@ class LoadedHead:
 
 
 def bind(config: HeadConfig, module: nn.Module, draft_vocab: torch.Tensor | None,
-         target: TargetModel, path: Path | None = None, vocab_limit: int = 0) -> LoadedHead:
+         target: TargetModel, path: Path | None = None, vocab_limit: int = 0,
+         quant: str | None = None) -> LoadedHead:
     """Attach a head module to the target whose weights it was trained on."""
     check_target(config, target, where=f"head {path}" if path else "the head")
     parts = target_parts(target)
     module = module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-    module.pack()
+    if quant is not None:
+        if config.type != "eagle":
+            raise ValueError(f"head_quant runs an EAGLE head's matrices in {quant}; "
+                             f"this is a {config.type} head")
+        module.pack(quant=quant)
+    else:
+        module.pack()
     return LoadedHead(config, module, parts,
                       DraftOutput(parts, draft_vocab, target.vocab_size, vocab_limit, target),
                       path)
 
 
 def load_head(source: str | Path | None, kind: str, target: TargetModel,
-              vocab_limit: int = 0) -> LoadedHead:
+              vocab_limit: int = 0, quant: str | None = None) -> LoadedHead:
     """A head directory, or None for the shipped head of `kind` for this target;
     `vocab_limit` > 0 drafts over that many of its draft tokens (DraftOutput)."""
     path = Path(source).expanduser() if source else find_shipped(kind, target)
@@ -151,4 +158,4 @@ def load_head(source: str | Path | None, kind: str, target: TargetModel,
     config, module, draft_vocab = _LOADED[key]
     if config.type != kind:
         raise ValueError(f"{path} holds a {config.type} head; proposer {kind!r} needs a {kind} head")
-    return bind(config, module, draft_vocab, target, path, vocab_limit)
+    return bind(config, module, draft_vocab, target, path, vocab_limit, quant)
