@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import TREE_SHAPES, SamplingParams, SpecConfig
+from .config import HEAD_QUANTS, TREE_SHAPES, SamplingParams, SpecConfig
 from .spec_text import DRAFT_SOURCES, SpecError, draft_source, parse_spec, proposer_names
 
 # verispec's short names and torch's own spellings; models.loading reads both.
@@ -119,6 +119,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="heads draft over at most this many tokens, the lowest ids of the head's "
                         "draft vocabulary (frequent first in BPE); a smaller LM-head product per "
                         "draft token; 0 = all of it (default: SpecConfig.head_vocab, 8192)")
+    p.add_argument("--head-quant", default=None, choices=HEAD_QUANTS,
+                   help="eagle: run the head's matrices in these GGUF blocks (fewer bytes per "
+                        "draft step; drafts change a little, the output never does); "
+                        "default: as trained, bf16")
     p.add_argument("--suffix-factor", type=float, default=SpecConfig.suffix_factor,
                    help="suffix: after a match of m tokens, draft at most factor * m + "
                         "--suffix-offset tokens (default 1.0)")
@@ -195,7 +199,8 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
                       tree=args.tree, tree_max=args.tree_max, tree_shape=args.tree_shape,
                       tree_branch=args.tree_branch, profile=args.profile,
                       ngram_min=args.ngram_min, ngram_max=args.ngram_max, head=args.head,
-                      head_vocab=head_vocab, lossy_typical=args.lossy_typical,
+                      head_vocab=head_vocab, head_quant=args.head_quant,
+                      lossy_typical=args.lossy_typical,
                       suffix_factor=args.suffix_factor, suffix_offset=args.suffix_offset,
                       suffix_min_prob=args.suffix_min_prob,
                       lookahead_window=args.lookahead_window, lookahead_ngram=args.lookahead_ngram,

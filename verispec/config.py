@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 TREE_SHAPES = ("dynamic", "topb")  # shapes of model-drafted trees (verispec.proposers.tree_drafting)
+HEAD_QUANTS = ("Q8_0", "Q4_0")  # block formats an EAGLE head's matrices may run in
 JSON_WHITESPACE = r"[ \n]{0,24}"  # between JSON tokens: room for indented output, not for ever
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")
 
@@ -115,6 +116,8 @@ class SpecConfig:
     head: str | None = None  # for proposer=eagle|medusa: a head directory; None = the shipped one
     head_vocab: int = 8192  # heads draft over at most this many tokens: the lowest ids of the
     # head's draft vocabulary (BPE numbers tokens in merge order, frequent first); 0 = all
+    head_quant: str | None = None  # EAGLE: the head's matrices in this GGUF block format
+    # (Q8_0, Q4_0) for fewer bytes per draft step; None = as trained (bf16)
     lossy_typical: bool = False  # sampled runs: Medusa typical acceptance, LOSSY (Cai et al. 2024)
     suffix_factor: float = 1.0  # suffix: draft depth at most suffix_factor * match length
     suffix_offset: float = 0.0  # ... plus this (max_spec_factor, max_spec_offset of SuffixDecoding)
@@ -141,6 +144,9 @@ class SpecConfig:
         if self.head_vocab < 0:
             raise ValueError(f"head_vocab must be >= 0 (0 = the head's whole draft vocabulary), "
                              f"got {self.head_vocab}")
+        if self.head_quant is not None and self.head_quant not in HEAD_QUANTS:
+            raise ValueError(f"head_quant must be one of {', '.join(HEAD_QUANTS)} or None, "
+                             f"got {self.head_quant!r}")
         if self.tree_branch < 1:
             raise ValueError(f"tree_branch must be >= 1, got {self.tree_branch}")
         if not 1 <= self.ngram_min <= self.ngram_max:

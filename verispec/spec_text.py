@@ -74,6 +74,7 @@ FIELDS: dict[str, Any] = {
     "tree_shape": SpecConfig.tree_shape, "tree_branch": SpecConfig.tree_branch,
     "draft": None, "profile": None, "ngram_min": SpecConfig.ngram_min,
     "ngram_max": SpecConfig.ngram_max, "head": None, "head_vocab": SpecConfig.head_vocab,
+    "head_quant": None,
     "lossy_typical": False, "suffix_factor": SpecConfig.suffix_factor,
     "suffix_offset": SpecConfig.suffix_offset, "suffix_min_prob": SpecConfig.suffix_min_prob,
     "lookahead_window": SpecConfig.lookahead_window, "lookahead_ngram": SpecConfig.lookahead_ngram,

@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .format import HeadConfig
+from .native_layer import NativeLayer
 from .packing import PackedLinears
 
 
@@ -65,28 +66,42 @@ class HeadCache:
 
     Rows carry their RoPE position in the key, so a gap (positions the head
     never saw) needs no bookkeeping; rollback keeps the first `length` rows.
+    The buffer has the target cache's layout, [2, kv_heads, capacity, head_dim],
+    so the native decoder-layer kernel writes and attends over it directly.
     """
 
     def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device, capacity: int = 256) -> None:
-        self.keys = torch.empty(capacity, num_kv_heads, head_dim, dtype=dtype, device=device)
-        self.values = torch.empty_like(self.keys)
+        self.kv = torch.empty(2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.length = 0
 
+    @property
+    def keys(self) -> torch.Tensor:
+        """[capacity, kv_heads, head_dim], rows past `length` unset."""
+        return self.kv[0].transpose(0, 1)
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.kv[1].transpose(0, 1)
+
+    def reserve(self, n: int) -> int:
+        """Room for n more rows; returns the first one's index (the length is unchanged)."""
+        end = self.length + n
+        if end > self.kv.shape[2]:
+            grown = self.kv.new_empty(*self.kv.shape[:2], max(end, 2 * self.kv.shape[2]),
+                                      self.kv.shape[3])
+            grown[:, :, : self.length] = self.kv[:, :, : self.length]
+            self.kv = grown
+        return self.length
+
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store [n, kv_heads, head_dim] rows; return every stored row."""
-        end = self.length + keys.shape[0]
-        if end > self.keys.shape[0]:
-            grown = max(end, 2 * self.keys.shape[0])
-            for name in ("keys", "values"):
-                old = getattr(self, name)
-                new = old.new_empty(grown, *old.shape[1:])
-                new[: self.length] = old[: self.length]
-                setattr(self, name, new)
-        self.keys[self.length:end] = keys
-        self.values[self.length:end] = values
+        """Store [n, kv_heads, head_dim] rows; return every stored row, [kv_heads, L + n, head_dim]."""
+        start = self.reserve(keys.shape[0])
+        end = start + keys.shape[0]
+        self.kv[0, :, start:end] = keys.transpose(0, 1)
+        self.kv[1, :, start:end] = values.transpose(0, 1)
         self.length = end
-        return self.keys[:end], self.values[:end]
+        return self.kv[0, :, :end], self.kv[1, :, :end]
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -109,11 +124,19 @@ class EagleHead(nn.Module, PackedLinears):
         self.gate_up = nn.Linear(h, 2 * config.intermediate_size, bias=False)
         self.down = nn.Linear(config.intermediate_size, h, bias=False)
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # not in state_dict
+        self._fused: NativeLayer | None = None  # step()'s layer as one kernel call, once packed
 
-    def pack(self) -> None:
-        """Inference in bf16 on CPU: packed kernels for step() (see packing.py)."""
+    def pack(self, native: bool = True, quant: str | None = None) -> None:
+        """Inference in bf16 on CPU: packed kernels for step() (see packing.py), and
+        with `native` the decoder layer as one kernel call where it can run
+        (native_layer.py); native=False keeps the eager layer. `quant`: the
+        matrices in that GGUF block format (PackedLinears.pack_linears)."""
         self.pack_linears([n for n in ("fuse", "fc", "qkv", "o", "gate_up", "down")
-                           if getattr(self, n) is not None])
+                           if getattr(self, n) is not None], quant)
+        if not native or not NativeLayer.usable(self):
+            self._fused = None
+        elif self._fused is None or self._fused.weights[1] is not self._packed["qkv"].weight:
+            self._fused = NativeLayer(self)
 
     def target_feature(self, hidden: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
         """The row feature from the target's requested layers (config.feature_layers order)."""
@@ -148,6 +171,11 @@ class EagleHead(nn.Module, PackedLinears):
         cos, sin = self._rope_cache
         return cos[positions], sin[positions]
 
+    def _fused_step(self, feature: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+                    cache: HeadCache, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.linear("fc", torch.cat((feature, embeds.to(feature.dtype)), dim=-1))
+        return self._fused.step(x, positions, cache, mask)
+
     def _finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         x = x + self.linear("o", attended)
         gate, up = self.linear("gate_up", self._norm(x, self.mlp_norm)).chunk(2, dim=-1)
@@ -166,15 +194,17 @@ class EagleHead(nn.Module, PackedLinears):
         total = cache.length + n
         if mask is not None and tuple(mask.shape) != (n, total):
             raise ValueError(f"mask must be [{n}, {total}], got {tuple(mask.shape)}")
+        if self._fused is not None:
+            return self._fused_step(feature, embeds, positions, cache, mask)
         x, q, k, v = self._attention_inputs(feature, embeds, positions)
-        keys, values = cache.append(k, v)  # [L + n, KV, d]
+        keys, values = cache.append(k, v)  # [KV, L + n, d]
         if mask is not None:
             mask = mask.to(x.device)
         elif n > 1:
             # Rows arrive in position order, so causality is a triangle over the new rows.
             mask = torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
         attended = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+            q.transpose(0, 1)[None], keys[None], values[None],
             attn_mask=mask, enable_gqa=True)  # [1, H, n, d]
         return self._finish(x, attended[0].transpose(0, 1).reshape(n, -1))
 

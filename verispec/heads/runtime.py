@@ -7,6 +7,7 @@ proposer per request reads the file once; the target check runs every time.
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ class DraftOutput:
     distribution, so the output stays exact."""
 
     def __init__(self, parts: TargetParts, draft_vocab: torch.Tensor | None, vocab_size: int,
-                 limit: int = 0) -> None:
+                 limit: int = 0, owner: object | None = None) -> None:
         self.parts = parts
         self.vocab_size = vocab_size
         if limit and limit < (vocab_size if draft_vocab is None else draft_vocab.numel()):
@@ -51,11 +52,7 @@ class DraftOutput:
         self.ids = None if draft_vocab is None else draft_vocab.to(parts.device, torch.long)
         self._linear = None
         if self.ids is not None:
-            from ..models.llama_weights import Linear
-
-            # A row subset of the shared LM head, gathered once per binding.
-            rows = parts.lm_rows(self.ids).to(parts.dtype).contiguous()
-            self._linear = Linear(rows)
+            self._linear = _draft_rows(parts, self.ids, owner)
 
     @property
     def size(self) -> int:
@@ -79,6 +76,33 @@ class DraftOutput:
         return out
 
 
+# Per target, the draft-vocabulary LM-head rows of each id set in use: a server
+# binds a head per request, and gathering (or re-reading) the rows each time costs.
+_ROWS: "weakref.WeakKeyDictionary[object, dict[tuple[int, ...], object]]" = weakref.WeakKeyDictionary()
+
+
+def _draft_rows(parts: TargetParts, ids: torch.Tensor, owner: object | None):
+    """A row subset of the shared LM head as one Linear: in the target's own GGUF
+    blocks where it runs them (bit-identical logits, fewer bytes per draft token),
+    else the dense rows."""
+    from ..models.llama_weights import Linear
+
+    def build():
+        if parts.quant_rows is not None:
+            return parts.quant_rows(ids)
+        return Linear(parts.lm_rows(ids).to(parts.dtype).contiguous())
+
+    if owner is None:
+        return build()
+    table = _ROWS.setdefault(owner, {})
+    key = tuple(ids.tolist())
+    if key not in table:
+        while len(table) >= _CACHE_SIZE:
+            table.pop(next(iter(table)))
+        table[key] = build()
+    return table[key]
+
+
 @dataclass
 class LoadedHead:
     config: HeadConfig
@@ -96,18 +120,26 @@ class LoadedHead:
 
 
 def bind(config: HeadConfig, module: nn.Module, draft_vocab: torch.Tensor | None,
-         target: TargetModel, path: Path | None = None, vocab_limit: int = 0) -> LoadedHead:
+         target: TargetModel, path: Path | None = None, vocab_limit: int = 0,
+         quant: str | None = None) -> LoadedHead:
     """Attach a head module to the target whose weights it was trained on."""
     check_target(config, target, where=f"head {path}" if path else "the head")
     parts = target_parts(target)
     module = module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
-    module.pack()
+    if quant is not None:
+        if config.type != "eagle":
+            raise ValueError(f"head_quant runs an EAGLE head's matrices in {quant}; "
+                             f"this is a {config.type} head")
+        module.pack(quant=quant)
+    else:
+        module.pack()
     return LoadedHead(config, module, parts,
-                      DraftOutput(parts, draft_vocab, target.vocab_size, vocab_limit), path)
+                      DraftOutput(parts, draft_vocab, target.vocab_size, vocab_limit, target),
+                      path)
 
 
 def load_head(source: str | Path | None, kind: str, target: TargetModel,
-              vocab_limit: int = 0) -> LoadedHead:
+              vocab_limit: int = 0, quant: str | None = None) -> LoadedHead:
     """A head directory, or None for the shipped head of `kind` for this target;
     `vocab_limit` > 0 drafts over that many of its draft tokens (DraftOutput)."""
     path = Path(source).expanduser() if source else find_shipped(kind, target)
@@ -126,4 +158,4 @@ def load_head(source: str | Path | None, kind: str, target: TargetModel,
     config, module, draft_vocab = _LOADED[key]
     if config.type != kind:
         raise ValueError(f"{path} holds a {config.type} head; proposer {kind!r} needs a {kind} head")
-    return bind(config, module, draft_vocab, target, path, vocab_limit)
+    return bind(config, module, draft_vocab, target, path, vocab_limit, quant)

@@ -43,6 +43,9 @@ class TargetParts:
     lm_weight: torch.Tensor | None  # [vocab, hidden] when readable as a plain matrix
     dtype: torch.dtype
     device: torch.device
+    # token ids [n] -> a Linear over those LM-head rows in the target's own GGUF
+    # blocks, where the target runs them quantized (quant_lm_rows); else None
+    quant_rows: Callable[[torch.Tensor], object] | None = None
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         # The native backend's RMSNorm: normalize in float32, round once, then
@@ -88,7 +91,7 @@ def target_parts(target: TargetModel) -> TargetParts:
         else:
             lm_weight = None if (head.kernel or head.packed) else head.weight
         return TargetParts(weights.embed, weights.norm, spec.rms_eps, _native_head(head),
-                           lm_weight, target.dtype, target.device)
+                           lm_weight, target.dtype, target.device, quant_lm_rows(target))
     model = getattr(target, "model", None)
     if model is None or not hasattr(model, "get_output_embeddings"):
         raise ValueError(f"{target.name}: heads need a native or transformers target")
@@ -103,3 +106,34 @@ def target_parts(target: TargetModel) -> TargetParts:
 def _native_head(head) -> Callable[[torch.Tensor], torch.Tensor]:
     # The AMX kernel takes 2-D bf16 rows only; heads call it with [rows, hidden].
     return lambda x: head(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+
+
+def quant_lm_rows(target) -> Callable[[torch.Tensor], object] | None:
+    """For a target whose LM head runs GGUF blocks in the kernels (the default
+    model's tied Q8_0 embedding): ids -> a Linear over just those rows, in the
+    same blocks, re-read from the file. The kernels multiply a block pack by
+    exactly the bf16 values its dequantization gives (kernels/__init__.py), so
+    its logits are bit-identical to the dense bf16 rows', at about half the
+    bytes read per draft token for Q8_0."""
+    from .. import kernels
+
+    weights = target.weights
+    head, source = weights.lm_head, weights.source
+    if (not getattr(head, "kernel", False) or not kernels.is_quantized(head.weight)
+            or source is None or not source.is_file()):
+        return None
+
+    def rows(token_ids: torch.Tensor):
+        from ..models.gguf_file import GGUFFile
+        from ..models.llama_weights import Linear
+
+        gf = GGUFFile(source)
+        name = "token_embd.weight" if target.spec.tie_embeddings else "output.weight"
+        info = gf.tensors[name]
+        raw = gf.raw(name)[token_ids.cpu().numpy()]  # [n, bytes per row], a copy
+        packed = kernels.pack_quant(torch.from_numpy(raw), info.ggml_type, raw.shape[0],
+                                    head.in_features)
+        gf.close()
+        return Linear.from_pack(packed, raw.shape[0], head.in_features, None, head.format)
+
+    return rows

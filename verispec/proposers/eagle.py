@@ -125,7 +125,8 @@ class EagleProposer(Proposer):
 
 @register("eagle")
 def _build(setup: ProposerSetup) -> Proposer:
-    head = load_head(setup.spec.head, "eagle", setup.target, setup.spec.head_vocab)
+    head = load_head(setup.spec.head, "eagle", setup.target, setup.spec.head_vocab,
+                     setup.spec.head_quant)
     eos = setup.target.eos_token_ids
     return EagleProposer(head, setup.sampling, setup.generator, eos,
                          TreeShape.from_spec(setup.spec, setup.sampling, eos))
