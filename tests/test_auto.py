@@ -58,11 +58,12 @@ class Scripted(Proposer):
 
 
 def _drive(auto: AutoProposer, future: list[int], steps: int, k: int = 4,
-           slope: float = 0.02, plans: list | None = None, tree: int = 0) -> list[str]:
+           slope: float = 0.02, plans: list | None = None, tree: int = 0,
+           caution: float = SpecConfig.auto_caution) -> list[str]:
     """A stand-in engine, run as `run_alone` runs a request: its policy plans, `auto`
     drafts, a perfect verifier commits the matched prefix + 1, and the pass takes the
     modelled T(n) = 2 ms (1 + slope (n - 1)) for the n positions it fed."""
-    policy = AutoPolicy(SpecConfig("auto", k=k, tree=tree))
+    policy = AutoPolicy(SpecConfig("auto", k=k, tree=tree, auto_caution=caution))
     tokens = future[:5]
     hidden = torch.arange(4.0)[:, None]  # one row per committed position, valued by position
     picks = []
@@ -273,3 +274,65 @@ def test_a_named_draft_model_joins_the_candidates_and_output_stays_greedy():
     want = plain(engine, prompt, 40)
     got = engine.generate(prompt, SamplingParams(max_new_tokens=40), with_draft)
     assert got.token_ids == want.token_ids
+
+
+class Unmatched(Telling):
+    """A free candidate that never finds a match (suffix decoding on new text): its
+    evidence says so, and it proposes nothing."""
+
+    def evidence(self, ctx: DraftContext) -> Evidence:
+        return Evidence(0, 0.0)
+
+    def propose(self, ctx: DraftContext, k: int) -> Proposal:
+        self.calls += 1
+        return Proposal.empty()
+
+
+def test_a_free_candidate_that_matched_nothing_is_not_chosen():
+    """A free candidate is priced under its own evidence: with no match it has nothing to
+    draft, so the step goes to one that has (it used to keep its untested prior, win the
+    step and draft nothing, while n-gram lookup had a copy to draft)."""
+    future = list(range(50)) * 40
+    copying = lambda p: (p // 24) % 2 == 0  # noqa: E731
+    copy = Telling("ngram", future, copying, free=True)
+    silent = Unmatched("suffix", future, lambda p: True, free=True)
+    picks = _drive(AutoProposer({"ngram": copy, "suffix": silent}), future, 120)
+    assert "suffix" not in picks and silent.calls > 100
+    assert picks.count("ngram") >= 15
+
+
+def test_many_unlucky_candidates_do_not_win_on_luck():
+    """Five free candidates each right on 7% of positions, at random, where a draft pays
+    only above 10% (T(2) = 1.1 T(1)): their few-outcome estimates scatter, and the best
+    of five usually clears the bar (the winner's curse). Priced a standard error down
+    (SpecConfig.auto_caution), `auto` decodes plainly on most steps."""
+    import random
+
+    future = list(range(50)) * 40
+    right = {}
+    for i in range(5):
+        rng = random.Random(i)
+        right[f"c{i}"] = [rng.random() < 0.07 for _ in future]
+
+    def drafting_share(caution: float) -> float:
+        candidates = {name: Scripted(name, future, lambda p, r=hits: r[p], free=True)
+                      for name, hits in right.items()}
+        plans: list = []
+        _drive(AutoProposer(candidates), future, 300, k=4, slope=0.1, plans=plans,
+               caution=caution)
+        return sum(1 for plan in plans[20:] if plan.k) / len(plans[20:])
+
+    curse, cautious = drafting_share(0.0), drafting_share(1.0)
+    assert curse > 0.3 and cautious < 0.5 * curse, (curse, cautious)
+
+
+def test_caution_lowers_thin_estimates_most():
+    from verispec.acceptance import Tally
+
+    thin, thick = Tally.seeded(0.4, 3.0), Tally.seeded(0.4, 300.0)
+    assert thin.lower(0.0) == pytest.approx(0.4) and thick.lower(0.0) == pytest.approx(0.4)
+    assert thin.lower(1.0) < thick.lower(1.0) < 0.4
+    assert 0.4 - thick.lower(1.0) < 0.03
+    assert Tally.seeded(0.01, 1.0).lower(3.0) == 0.0
+    with pytest.raises(ValueError, match="auto_caution"):
+        SpecConfig("auto", auto_caution=-1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from verispec.bench.econ_cli import main
@@ -180,3 +181,34 @@ def test_cli_bad_values_exit_2(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"verispec {argv[0]}: error:") and "\n" not in err
+
+
+def _reference_table(cost, max_width: int) -> np.ndarray:
+    """StepCost's prediction as one numpy expression (np.interp between measured widths,
+    the last slope beyond them, a running maximum): what its plain-float loop must equal."""
+    rel = cost._rel[:max_width].copy()
+    seen = np.flatnonzero(cost._weight > 0)
+    if seen.size:
+        means = cost._sum[seen] / cost._weight[seen]
+        rel = rel * np.interp(np.arange(max_width), seen, means / cost._rel[seen])
+        if seen.size >= 2 and max_width > seen[-1] + 1:
+            slope = max(0.0, (means[-1] - means[-2]) / (seen[-1] - seen[-2]))
+            beyond = np.arange(seen[-1] + 1, max_width)
+            rel[beyond] = np.maximum(rel[beyond], means[-1] + slope * (beyond - seen[-1]))
+    return np.concatenate([[0.0], np.maximum.accumulate(rel)])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_step_cost_table_equals_the_interpolation_it_stands_for(seed):
+    from verispec.economics import StepCost
+
+    rng = np.random.default_rng(seed)
+    prior = CostModel(verify_overhead=float(rng.uniform(0, 0.2))) if seed % 2 else None
+    cost = StepCost(prior, half_life=float(rng.uniform(4, 64)))
+    for _ in range(int(rng.integers(0, 40))):
+        width = int(rng.choice([1, 2, 3, 5, 9, 17, 33, int(rng.integers(1, 70))]))
+        cost.observe([width], float(rng.uniform(0.004, 0.03)) * (1 + 0.1 * width))
+        for asked in (1, 9, int(rng.integers(1, 100))):
+            got = cost.table(asked)
+            assert got.shape == (asked + 1,)
+            np.testing.assert_allclose(got, _reference_table(cost, asked), rtol=1e-12, atol=0)

@@ -118,7 +118,32 @@ def test_named_and_required_tool_calls(client):
     assert plain.choices[0].message.tool_calls is None and plain.choices[0].finish_reason
 
 
+def test_forced_drafts_switch_over_http(client, monkeypatch):
+    """speculation.grammar_forced reaches the request's grammar (SpecConfig.grammar_forced),
+    and the output is the same either way: forced tokens are ordinary drafts."""
+    from verispec.grammar import Constraint
+
+    seen = []
+    forced = Constraint.forced
+    monkeypatch.setattr(Constraint, "forced", lambda self, limit: (
+        seen.append(self.draft_forced), forced(self, limit))[1])
+    schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+              "required": ["unit"], "additionalProperties": False}
+    answers = {}
+    for on in (True, False):
+        seen.clear()
+        got = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=40, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema}},
+            extra_body={"speculation": {"proposer": "ngram", "k": 4, "grammar_forced": on}})
+        answers[on] = got.choices[0].message.content
+        assert seen and set(seen) == {on}
+    assert answers[True] == answers[False]
+    jsonschema.validate(json.loads(answers[True]), schema)
+
+
 @pytest.mark.parametrize("body, param", [
+    ({"speculation": {"grammar_forced": "no"}}, "speculation.grammar_forced"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}},
      "response_format"),

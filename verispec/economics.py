@@ -107,16 +107,25 @@ class Choice:
 
 def best_draft(alphas: Sequence[float], seconds: Sequence[float]) -> Choice:
     """Argmax of E(k) / seconds[k] over k = 0..len(alphas), E from per-depth acceptance."""
-    return best_rate(tokens_per_pass(alphas), seconds)
+    # Plain floats: a policy asks this every step for k <= ~32, where numpy's per-call
+    # overhead (its caches cold after a target pass) cost more than the arithmetic.
+    tokens, reach, total = [1.0], 1.0, 1.0
+    for alpha in (alphas.tolist() if isinstance(alphas, np.ndarray) else alphas):
+        reach *= alpha
+        total += reach
+        tokens.append(total)
+    return best_rate(tokens, seconds)
 
 
 def best_rate(tokens: Sequence[float], seconds: Sequence[float]) -> Choice:
     """Argmax of tokens[k] / seconds[k] over k; ties (within float noise) go to the
     shorter draft, which wastes less if acceptance is overestimated."""
-    tokens = np.asarray(tokens, dtype=float)
-    rate = tokens / np.asarray(seconds, dtype=float)
-    k = int(np.flatnonzero(rate >= rate.max() * (1.0 - 1e-12))[0])
-    return Choice(k, float(tokens[k]), float(seconds[k]))
+    tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else [float(t) for t in tokens]
+    seconds = seconds.tolist() if isinstance(seconds, np.ndarray) else [float(s) for s in seconds]
+    rates = [t / s for t, s in zip(tokens, seconds)]
+    top = max(rates) * (1.0 - 1e-12)
+    k = next(i for i, rate in enumerate(rates) if rate >= top)
+    return Choice(k, tokens[k], seconds[k])
 
 
 class DraftPrice:
@@ -207,6 +216,9 @@ class CostModel:
         return k * self.draft_cost + self.relative_time(k + 1)
 
 
+TABLE_WIDTHS = 16  # widths StepCost.table computes at least (a chain step asks for k + 1)
+
+
 class StepCost:
     """Predicted seconds of one batched forward, from a prior shape and observed steps."""
 
@@ -242,26 +254,45 @@ class StepCost:
         the prior's shape is rescaled by the interpolated measured/prior ratio. Beyond the
         widest measured one, the curve grows at least as fast as the last measured slope:
         step time is convex in the width (flat while memory-bound, then linear), so a flat
-        prior must not make unmeasured widths look free. Read-only: computed for every
-        width once per change (each entry depends on its own width only, and the running
-        maximum on the narrower ones), since a policy reads it several times a step."""
+        prior must not make unmeasured widths look free. Read-only, and kept until the
+        next change for the widths asked so far (each entry depends on its own width, the
+        measured ones and the running maximum of the narrower ones), since a policy reads
+        it several times a step."""
         self._grow(max(max_width, 1))
-        if self._table is None:
-            self._table = self._predict_all(self._rel.size)
+        if self._table is None or self._table.size <= max_width:
+            self._table = np.array(self._predict(max(max_width, TABLE_WIDTHS)))
             self._table.flags.writeable = False
         return self._table[: max_width + 1]
 
-    def _predict_all(self, max_width: int) -> np.ndarray:
-        rel = self._rel[:max_width]
-        seen = np.flatnonzero(self._weight > 0)
-        if seen.size:
-            means = self._sum[seen] / self._weight[seen]
-            rel = rel * np.interp(np.arange(max_width), seen, means / self._rel[seen])
-            if seen.size >= 2 and max_width > seen[-1] + 1:
+    def _predict(self, max_width: int) -> list[float]:
+        # Plain floats over the few widths a step asks for: numpy's per-call overhead,
+        # paid every step after every observation, cost more than the arithmetic.
+        rel = self._rel[:max_width].tolist()
+        seen = np.flatnonzero(self._weight > 0).tolist()  # width - 1 of each measured width
+        if seen:
+            means = (self._sum[seen] / self._weight[seen]).tolist()
+            ratio = [mean / float(self._rel[i]) for mean, i in zip(means, seen)]
+            j = 0
+            for x in range(max_width):  # np.interp(x, seen, ratio)
+                while j < len(seen) and seen[j] < x:
+                    j += 1
+                if j == len(seen):
+                    factor = ratio[-1]
+                elif j == 0 or seen[j] == x:
+                    factor = ratio[j]
+                else:
+                    lo, hi = seen[j - 1], seen[j]
+                    factor = ratio[j - 1] + (x - lo) / (hi - lo) * (ratio[j] - ratio[j - 1])
+                rel[x] *= factor
+            if len(seen) >= 2 and max_width > seen[-1] + 1:
                 slope = max(0.0, (means[-1] - means[-2]) / (seen[-1] - seen[-2]))
-                beyond = np.arange(seen[-1] + 1, max_width)
-                rel[beyond] = np.maximum(rel[beyond], means[-1] + slope * (beyond - seen[-1]))
-        return np.concatenate([[0.0], np.maximum.accumulate(rel)])
+                for x in range(seen[-1] + 1, max_width):
+                    rel[x] = max(rel[x], means[-1] + slope * (x - seen[-1]))
+        out, top = [0.0], -math.inf
+        for value in rel:
+            top = max(top, value)
+            out.append(top)
+        return out
 
     def predict(self, widths: Sequence[int]) -> float:
         table = self.table(max(sum(widths), 1))

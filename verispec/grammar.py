@@ -39,8 +39,9 @@ The engine sees token ids only; the grammar text is compiled at the edge.
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -143,17 +144,23 @@ class Constraint:
             self.matcher.rollback(pushed)
         return bitmask[: keep + 1], keep, failed
 
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Adds the block's wall time to `seconds` (the grammar engine's share of a request)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - t0
+
     def allowed_prefix(self, drafts: Sequence[int]) -> int:
         """How many leading drafts the grammar allows after the committed tokens (their
         rows are kept for `masks`). A draft whose state the grammar engine gives up in
         is kept, as the last: whether it is accepted is the target's question, and the
         request fails only if it is (`commit`)."""
-        t0 = time.perf_counter()
         drafts = [int(t) for t in drafts]
-        try:
+        with self._timed():
             rows, keep, failed = self._rows(drafts)
-        finally:
-            self.seconds += time.perf_counter() - t0
         self._checked = (drafts[:keep], rows, failed)
         return keep
 
@@ -162,49 +169,40 @@ class Constraint:
         when the search for them alone exceeds a limit (plain decoding never asks)."""
         if limit <= 0 or not self.draft_forced or self.matcher.is_stopped():
             return []
-        t0 = time.perf_counter()
-        try:
+        with self._timed():
             tokens = list(self.matcher.compute_ff_tokens())
             if self.matcher.is_error():
                 self._restore()
                 return []
-        finally:
-            self.seconds += time.perf_counter() - t0
         return tokens[:limit]
 
     def masks(self, drafts: Sequence[int]) -> torch.Tensor:
         """[k + 1, vocab] bool, row i the tokens allowed after the committed ones and
         drafts[:i]; the drafts must be allowed (see allowed_prefix)."""
-        t0 = time.perf_counter()
-        try:
-            return self._masks(drafts)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _masks(self, drafts: Sequence[int]) -> torch.Tensor:
-        drafts = [int(t) for t in drafts]
-        checked, self._checked = self._checked, None
-        if checked is not None and drafts == checked[0][: len(drafts)]:
-            rows, failed = checked[1][: len(drafts) + 1], checked[2]
-            if len(drafts) < len(checked[0]):
-                failed = None  # the failed state lies past the drafts verified
-        else:
-            rows, keep, failed = self._rows(drafts)
-            if keep < len(drafts):
-                raise RuntimeError(f"draft {keep} is not allowed")
-        self._bad = (drafts, failed) if failed is not None else None
-        # Bit j of word w is token 32 w + j: little-endian bytes, little bit order.
-        bits = np.unpackbits(rows.numpy().view(np.uint8), axis=-1, bitorder="little")
-        allowed = torch.from_numpy(bits[:, : self.vocab_size].astype(bool))  # [k + 1, vocab]
-        # A row after the grammar's end (a drafted EOS) allows nothing, and the row of a
-        # failed state means nothing; nothing there is ever emitted (the stop cuts at
-        # EOS, commit refuses to pass a failed state), but each must stay a distribution.
-        empty = ~allowed.any(-1)  # [k + 1]
-        if failed is not None:
-            empty[-1] = True
-        if bool(empty.any()):
-            allowed[empty] = True
-        return allowed
+        with self._timed():
+            drafts = [int(t) for t in drafts]
+            checked, self._checked = self._checked, None
+            if checked is not None and drafts == checked[0][: len(drafts)]:
+                rows, failed = checked[1][: len(drafts) + 1], checked[2]
+                if len(drafts) < len(checked[0]):
+                    failed = None  # the failed state lies past the drafts verified
+            else:
+                rows, keep, failed = self._rows(drafts)
+                if keep < len(drafts):
+                    raise RuntimeError(f"draft {keep} is not allowed")
+            self._bad = (drafts, failed) if failed is not None else None
+            # Bit j of word w is token 32 w + j: little-endian bytes, little bit order.
+            bits = np.unpackbits(rows.numpy().view(np.uint8), axis=-1, bitorder="little")
+            allowed = torch.from_numpy(bits[:, : self.vocab_size].astype(bool))  # [k + 1, vocab]
+            # A row after the grammar's end (a drafted EOS) allows nothing, and the row of a
+            # failed state means nothing; nothing there is ever emitted (the stop cuts at
+            # EOS, commit refuses to pass a failed state), but each must stay a distribution.
+            empty = ~allowed.any(-1)  # [k + 1]
+            if failed is not None:
+                empty[-1] = True
+            if bool(empty.any()):
+                allowed[empty] = True
+            return allowed
 
     def _check(self, doing: str) -> None:
         """A matcher in its error state (a resource limit: llguidance reports, never
@@ -214,26 +212,20 @@ class Constraint:
             raise GrammarLimitError(f"the grammar failed while {doing}: {self.matcher.get_error()}")
 
     def commit(self, tokens: Sequence[int]) -> None:
-        t0 = time.perf_counter()
-        try:
-            self._commit(tokens)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _commit(self, tokens: Sequence[int]) -> None:
-        tokens = [int(t) for t in tokens]
-        bad, self._bad, self._checked = self._bad, None, None
-        if bad is not None and len(tokens) > len(bad[0]) and tokens[: len(bad[0])] == bad[0]:
-            # The output goes on from a state the grammar engine gave up in: the
-            # token after it was drawn from no mask, and plain decoding fails there.
-            raise GrammarLimitError(f"the grammar failed after {len(self.committed) + len(bad[0])} "
-                                    f"tokens of output: {bad[1]}")
-        for token in tokens:
-            if not self.matcher.consume_token(token):
-                self._check("committing a token")
-                raise RuntimeError(f"committed token {token} is not allowed: "
-                                   f"{self.matcher.get_error()}")
-            self.committed.append(token)
+        with self._timed():
+            tokens = [int(t) for t in tokens]
+            bad, self._bad, self._checked = self._bad, None, None
+            if bad is not None and len(tokens) > len(bad[0]) and tokens[: len(bad[0])] == bad[0]:
+                # The output goes on from a state the grammar engine gave up in: the
+                # token after it was drawn from no mask, and plain decoding fails there.
+                at = len(self.committed) + len(bad[0])
+                raise GrammarLimitError(f"the grammar failed after {at} tokens of output: {bad[1]}")
+            for token in tokens:
+                if not self.matcher.consume_token(token):
+                    self._check("committing a token")
+                    raise RuntimeError(f"committed token {token} is not allowed: "
+                                       f"{self.matcher.get_error()}")
+                self.committed.append(token)
 
 
 def apply_mask(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

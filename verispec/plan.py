@@ -22,8 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 from .acceptance import Evidence, Tally
 from .cadence import Explore
 from .config import SpecConfig
@@ -235,7 +233,9 @@ class AutoPolicy(Policy):
 
     For candidate c at draft length j <= room, a pass commits E_c(j) =
     chain_tokens(alpha_c, depth_c * j) tokens (alpha_c: its acceptance under the step's
-    evidence key; depth_c: the depth its proposals reach per requested token) and costs
+    evidence key, `SpecConfig.auto_caution` standard errors down, since the best of several
+    few-outcome estimates is the luckiest one (acceptance.Tally.lower); depth_c: the depth
+    its proposals reach per requested token) and costs
     T(1 + nodes_c(j)) + price_c * j: the request's step-cost curve at the width the pass
     feeds (nodes_c per requested token, so a tree or a wide lookahead step is priced as
     the wider pass it is, capped at the tree budget) plus c's draft price. The argmax
@@ -249,6 +249,7 @@ class AutoPolicy(Policy):
     def __init__(self, spec: SpecConfig, explore_every: int = 16,
                  half_life: float = 64.0) -> None:
         super().__init__(spec.tree)
+        self.caution = spec.auto_caution
         prior = load_profile(spec.profile) if spec.profile else None
         self.curve = StepCost(prior, fused=True, half_life=half_life)
         self._explore = Explore(explore_every)
@@ -257,15 +258,24 @@ class AutoPolicy(Policy):
     def pick(self, ctx: PlanContext, room: int, cost: StepCost) -> Pick | None:
         """The candidate with the highest rate at some draft length 1..room on `cost`."""
         auto, best = ctx.proposer, None
-        table = cost.table(1 + max(room, self.nodes))
-        prior = cost.prior.draft_cost * float(table[1])
-        lengths = np.arange(1, room + 1)
-        for name, alpha in auto.alphas(ctx.draft).items():
+        cap = max(room, self.nodes)
+        table = cost.table(1 + cap).tolist()  # plain floats: this runs every step
+        prior = cost.prior.draft_cost * table[1]
+        for name, alpha in auto.alphas(ctx.draft, self.caution).items():
+            if alpha <= 0.0:
+                continue  # nothing to draft (a free candidate without a match) or no hope
             track = auto.tracks[name]
-            nodes = np.minimum(track.nodes_per_draft * lengths, max(room, self.nodes))
-            tokens = [chain_tokens(alpha, d) for d in track.depth_per_draft * lengths]
             price = track.price.per_token(prior) if cost.timed else prior
-            seconds = table[np.rint(1 + nodes).astype(int)] + price * lengths
+            nodes, depth = track.nodes_per_draft, track.depth_per_draft
+            if best is not None and alpha < 1.0:
+                # An endless chain at its cheapest pass (one draft) bounds every length's
+                # rate: a candidate that cannot pass the best so far is not priced.
+                cheapest = table[round(1 + min(nodes, cap))] + price
+                if 1.0 / (1.0 - alpha) / cheapest <= best.choice.rate * (1.0 + 1e-9):
+                    continue
+            tokens = [chain_tokens(alpha, depth * j) for j in range(1, room + 1)]
+            seconds = [table[round(1 + min(nodes * j, cap))] + price * j
+                       for j in range(1, room + 1)]
             choice = best_rate(tokens, seconds)
             choice = Choice(choice.k + 1, choice.tokens_per_pass, choice.seconds_per_pass)
             if best is None or choice.rate > best.choice.rate * (1.0 + 1e-9):

@@ -78,7 +78,7 @@ class DraftOutput:
 
 # Per target, the draft-vocabulary LM-head rows of each id set in use: a server
 # binds a head per request, and gathering (or re-reading) the rows each time costs.
-_ROWS: "weakref.WeakKeyDictionary[object, dict[tuple[int, ...], object]]" = weakref.WeakKeyDictionary()
+_ROWS: "weakref.WeakKeyDictionary[object, dict[bytes, object]]" = weakref.WeakKeyDictionary()
 
 
 def _draft_rows(parts: TargetParts, ids: torch.Tensor, owner: object | None):
@@ -95,7 +95,7 @@ def _draft_rows(parts: TargetParts, ids: torch.Tensor, owner: object | None):
     if owner is None:
         return build()
     table = _ROWS.setdefault(owner, {})
-    key = tuple(ids.tolist())
+    key = ids.cpu().numpy().tobytes()  # exact, and hashed in C rather than as 16k ints
     if key not in table:
         while len(table) >= _CACHE_SIZE:
             table.pop(next(iter(table)))

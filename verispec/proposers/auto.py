@@ -11,10 +11,9 @@ measures per candidate:
   proposed, chosen or not: a free one guesses every step; a costly one that is not chosen
   is probed (asked for a guess and re-scored) after `probe_every` steps, an interval that
   doubles up to `probe_max` each time a probe does not win (cadence.Backoff) and returns
-  to `probe_every` when the choice changes under one evidence key (below). A change in
-  the text's character (copying a document, then free writing) changes the choice within
-  a few steps, and probes then come fast again; a candidate that keeps losing costs
-  ~1/probe_max of its drafts.
+  to `probe_every` when another candidate displaces it under one evidence key (below). A
+  change in the text's character (copying a document, then free writing) changes the
+  choice within a few steps; a candidate that keeps losing costs ~1/probe_max of its drafts.
 - its draft price, seconds per requested token (economics.DraftPrice), and how many
   positions its proposals feed per requested token (a tree feeds more than its depth; a
   lookup that found less feeds fewer), which is what its pass costs on the step-cost curve.
@@ -25,8 +24,10 @@ EAGLE head runs one step over many rows instead of one small step per target pas
 
 Alpha is kept per evidence key as well as pooled. A free candidate that knows how good
 its guess will be before drafting (n-gram lookup: its matched suffix length,
-`Proposer.evidence`) names the situation of every step, and each candidate's outcomes are
-counted under that key too. On held-out target text the key separates the candidates
+`Proposer.evidence`) names the situation of every step, and each costly candidate's
+outcomes are counted under that key too. A free candidate's own are counted under its own
+evidence, and with none (key 0: nothing matched) it has nothing to draft that step, so it
+is not a choice. On held-out target text the key separates the candidates
 (`python -m verispec.training.evaluate --by-key`, docs/heads.md): after a short match the
 EAGLE head's chains commit more tokens per pass than n-gram lookup's, after a longer match
 n-gram lookup commits more. So within one answer `auto` copies with n-gram lookup and
@@ -109,11 +110,12 @@ class Track:
         it (`own`), and from the pooled alpha for the others."""
         return evidence.prior_alpha if own else self.alpha
 
-    def alpha_at(self, evidence: Evidence | None, own: bool) -> float:
+    def tally_at(self, evidence: Evidence | None, own: bool) -> Tally:
+        """Its outcomes under `evidence`'s key (a new key: the prior it will start from)."""
         if evidence is None:
-            return self.alpha
+            return self.pooled
         tally = self.by_key.get(evidence.key)
-        return self.prior(evidence, own) if tally is None else tally.alpha
+        return Tally.seeded(self.prior(evidence, own), KEY_PRIOR_STRENGTH) if tally is None else tally
 
 
 class AutoProposer(Proposer):
@@ -143,6 +145,8 @@ class AutoProposer(Proposer):
         self._evidence: Evidence | None = None
         self._evidence_from: str | None = None  # the candidate that gave it
         self._evidence_at: tuple | None = None  # the step it was computed for
+        self._own: dict[str, Evidence] = {}  # each free candidate's own evidence this step
+        self._alphas: tuple[float, dict[str, float]] | None = None  # (z, alphas) this step
 
     @property
     def active(self) -> str:
@@ -163,12 +167,20 @@ class AutoProposer(Proposer):
         for track in self.tracks.values():
             track.proposer.finished(ctx)
 
-    def alphas(self, ctx: DraftContext) -> dict[str, float]:
-        """Each candidate's acceptance under this step's evidence key (pooled without one)."""
+    def alphas(self, ctx: DraftContext, z: float = 0.0) -> dict[str, float]:
+        """Each candidate's acceptance under its key for this step, `z` standard errors
+        down (Tally.lower): a free candidate's own evidence, whose key 0 (no match, so
+        nothing to draft) gives 0; the step's evidence for the others (pooled without)."""
         self._score(ctx.tokens)
-        found = self._evidence_for(ctx)
-        return {name: track.alpha_at(found, name == self._evidence_from)
-                for name, track in self.tracks.items()}
+        self._evidence_for(ctx)
+        if self._alphas is not None and self._alphas[0] == z:
+            return self._alphas[1]  # asked again in the same step (plan, then evidence)
+        out = {}
+        for name, track in self.tracks.items():
+            found, own = self._key_evidence(name)
+            out[name] = 0.0 if own and found.key == 0 else track.tally_at(found, own).lower(z)
+        self._alphas = (z, out)
+        return out
 
     def evidence(self, ctx: DraftContext) -> Evidence | None:
         """The evidence of the first free candidate that gives any (n-gram lookup's
@@ -177,20 +189,29 @@ class AutoProposer(Proposer):
         found = self._evidence_for(ctx)
         if found is None:
             return None
-        best = max(track.alpha_at(found, name == self._evidence_from)
-                   for name, track in self.tracks.items())
-        return Evidence(found.key, best)
+        # At the caution the plan priced this step with, so the estimates are not redone.
+        z = self._alphas[0] if self._alphas is not None else 0.0
+        return Evidence(found.key, max(self.alphas(ctx, z).values()))
+
+    def _key_evidence(self, name: str) -> tuple[Evidence | None, bool]:
+        """The evidence `name`'s outcome is counted under this step, and whether it is
+        its own: a free candidate's own (what it matched says how good its guess is),
+        else the step's (it names the situation the others guess in)."""
+        own = self._own.get(name)
+        return (own, True) if own is not None else (self._evidence, name == self._evidence_from)
 
     def _evidence_for(self, ctx: DraftContext) -> Evidence | None:
         # Every step commits at least one token, so the length names the step.
         at = (len(ctx.tokens), ctx.tokens[-1] if ctx.tokens else None)
         if self._evidence_at != at:
             self._evidence_at, self._evidence, self._evidence_from = at, None, None
-            for name, track in self.tracks.items():
-                found = track.proposer.evidence(ctx) if track.proposer.free else None
-                if found is not None:
-                    self._evidence, self._evidence_from = found, name
-                    break
+            self._alphas = None
+            self._own = {name: track.proposer.evidence(ctx) for name, track in self.tracks.items()
+                         if track.proposer.free}
+            self._own = {name: found for name, found in self._own.items() if found is not None}
+            first = next(iter(self._own), None)
+            if first is not None:
+                self._evidence, self._evidence_from = self._own[first], first
         return self._evidence
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
@@ -201,13 +222,19 @@ class AutoProposer(Proposer):
         evidence = self._evidence_for(ctx)
         key = None if evidence is None else evidence.key
         best = ctx.candidate if k > 0 and ctx.candidate in self.tracks else "none"
-        # Probes come fast again when the winner changes in a known situation (the
-        # text changed character); choices that differ between keys are expected.
-        if best != self._best_by_key.get(key, best):
-            for track in self.tracks.values():
-                track.backoff.reset()
-                track.next_probe = min(track.next_probe, self._steps + self.probe_every)
-        self._best_by_key[key] = best
+        # The winner that a new one displaced in a known situation (the text may have
+        # changed character) is probed again soon. Choices that differ between keys are
+        # expected, and so is a winner that drafts on some steps of a key and not on
+        # others (an estimate near the break-even point); and on text where no
+        # candidate clearly pays the winner alternates between near-equals: resetting
+        # every candidate's interval at each change kept them all probing every few steps.
+        previous = self._best_by_key.get(key, best)
+        if "none" not in (best, previous) and best != previous:
+            track = self.tracks[previous]
+            track.backoff.reset()
+            track.next_probe = min(track.next_probe, self._steps + self.probe_every)
+        if best != "none":
+            self._best_by_key[key] = best
         chosen = Proposal.empty()
         for name, track in self.tracks.items():
             probe = name != best and not track.proposer.free and self._steps >= track.next_probe
@@ -225,10 +252,10 @@ class AutoProposer(Proposer):
             proposal = track.proposer.propose(caught_up, max(k, 1))
             track.proposed(proposal, max(k, 1), time.perf_counter() - start, self.decay)
             track.pending = _paths(proposal)
-            track.pending_key = key
-            if evidence is not None and key not in track.by_key:
-                track.by_key[key] = Tally.seeded(track.prior(evidence, name == self._evidence_from),
-                                                 KEY_PRIOR_STRENGTH)
+            found, own = self._key_evidence(name)
+            track.pending_key = None if found is None else found.key
+            if found is not None and found.key not in track.by_key:
+                track.by_key[found.key] = track.tally_at(found, own)
             if name == best:
                 chosen = proposal
         self.choice = best

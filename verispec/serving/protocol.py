@@ -140,6 +140,7 @@ def parse_spec(raw: Speculation | None, defaults: ServeDefaults, num_layers: int
              "k": ("auto" if defaults.adaptive else defaults.k) if raw.k is None else raw.k,
              "k_max": defaults.k, "tree": defaults.tree if raw.tree is None else raw.tree,
              "draft": raw.draft or defaults.draft, "profile": defaults.profile,
+             "grammar_forced": raw.grammar_forced,
              **{name: getattr(raw, name) for name in _LOOKAHEAD_FIELDS}}
     try:
         spec = spec_text.parse_spec(typed)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StringConstraints,
-                      Tag, field_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool,
+                      StringConstraints, Tag, field_validator)
 
 MAX_N = 16
 MAX_K = 32
@@ -93,6 +93,8 @@ class Speculation(Strict):
     lookahead_window: Optional[Annotated[int, Field(ge=1, le=64)]] = None
     lookahead_ngram: Optional[Annotated[int, Field(ge=2, le=16)]] = None
     lookahead_guesses: Optional[Annotated[int, Field(ge=0, le=64)]] = None
+    # under a grammar, draft the tokens it forces (default true; false only to measure them)
+    grammar_forced: Optional[StrictBool] = None
 
 
 class StreamOptions(Strict):
