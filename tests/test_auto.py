@@ -336,3 +336,22 @@ def test_caution_lowers_thin_estimates_most():
     assert Tally.seeded(0.01, 1.0).lower(3.0) == 0.0
     with pytest.raises(ValueError, match="auto_caution"):
         SpecConfig("auto", auto_caution=-1.0)
+
+
+def test_near_equal_winners_do_not_keep_a_loser_probing():
+    """Two candidates as good as each other take turns winning under one key; a third is
+    never right. Only a displaced winner is re-probed soon, so the loser's probe interval
+    still doubles to its limit (it used to return to the start at every change of winner)."""
+    import random
+
+    future = list(range(50)) * 40
+    rng = random.Random(3)
+    hits = {name: [rng.random() < 0.6 for _ in future] for name in ("eagle", "medusa")}
+    model = {name: Scripted(name, future, lambda p, r=r: r[p]) for name, r in hits.items()}
+    loser = Scripted("lookahead", future, lambda p: False)
+    auto = AutoProposer({**model, "lookahead": loser}, probe_every=4, probe_max=32)
+    picks = _drive(auto, future, 240)
+    changes = sum(1 for a, b in zip(picks, picks[1:]) if {a, b} == {"eagle", "medusa"})
+    assert changes >= 10  # the winner does alternate
+    assert auto.tracks["lookahead"].interval == 32
+    assert loser.calls <= 12, loser.calls

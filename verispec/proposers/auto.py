@@ -115,7 +115,9 @@ class Track:
         if evidence is None:
             return self.pooled
         tally = self.by_key.get(evidence.key)
-        return Tally.seeded(self.prior(evidence, own), KEY_PRIOR_STRENGTH) if tally is None else tally
+        if tally is None:
+            return Tally.seeded(self.prior(evidence, own), KEY_PRIOR_STRENGTH)
+        return tally
 
 
 class AutoProposer(Proposer):
