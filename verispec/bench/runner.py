@@ -254,8 +254,7 @@ class Runner:
                          step_k=[step.k for step in s.steps],
                          step_proposer=[step.proposer for step in s.steps],
                          step_evidence=[step.evidence for step in s.steps],
-                         adaptive=config.spec.adaptive or config.spec.proposer == "auto",
-                         **self._structured(prompt, result))
+                         adaptive=s.adaptive, **self._structured(prompt, result))
 
     def _structured(self, prompt: BenchPrompt, result) -> dict:
         if prompt.grammar is None:

@@ -40,21 +40,18 @@ class Prompt:
 
 
 def response_grammar(fmt: dict | None):
-    """OpenAI's response_format dict (and verispec's regex / grammar kinds) as a Grammar;
-    the server reads the same shapes through its pydantic bodies (serving.options)."""
-    from ..config import Grammar
-
-    if fmt is None or fmt.get("type") == "text":
+    """OpenAI's response_format dict (and verispec's regex / grammar kinds) as a Grammar,
+    read by the server's own request model and converter (serving.requests.ResponseFormat,
+    serving.options.response_grammar), so a workload's format means what a client's does.
+    Raises a ValueError (pydantic's) for a format the server would refuse."""
+    if fmt is None:
         return None
-    kind = fmt.get("type")
-    if kind == "json_object":
-        return Grammar("json_object")
-    if kind == "json_schema":
-        return Grammar("json_schema", json.dumps(fmt["json_schema"]["schema"]))
-    if kind in ("regex", "grammar"):
-        return Grammar("regex" if kind == "regex" else "lark", fmt[kind])
-    raise ValueError(f"response_format type must be text, json_object, json_schema, regex or "
-                     f"grammar, got {kind!r}")
+    from pydantic import TypeAdapter
+
+    from ..serving import options
+    from ..serving.requests import ResponseFormat
+
+    return options.response_grammar(TypeAdapter(ResponseFormat).validate_python(fmt))
 
 
 def is_user_file(name: str) -> bool:
@@ -101,7 +98,7 @@ def _parse_line(line: str, where: str, name: str, own: bool = False) -> Prompt:
     if fmt is not None:
         try:
             response_grammar(fmt)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except ValueError as exc:
             raise ValueError(f"{where}: bad response_format ({exc!r})") from None
     return Prompt(id=record["id"], workload=name,
                   messages=tuple({"role": m["role"], "content": m["content"]} for m in messages),
