@@ -186,11 +186,12 @@ def test_cli_bad_values_exit_2(argv, capsys):
 def _reference_table(cost, max_width: int) -> np.ndarray:
     """StepCost's prediction as one numpy expression (np.interp between measured widths,
     the last slope beyond them, a running maximum): what its plain-float loop must equal."""
-    rel = cost._rel[:max_width].copy()
-    seen = np.flatnonzero(cost._weight > 0)
+    rel = np.array(cost._rel[:max_width])
+    weight, total, prior = np.array(cost._weight), np.array(cost._sum), np.array(cost._rel)
+    seen = np.flatnonzero(weight > 0)
     if seen.size:
-        means = cost._sum[seen] / cost._weight[seen]
-        rel = rel * np.interp(np.arange(max_width), seen, means / cost._rel[seen])
+        means = total[seen] / weight[seen]
+        rel = rel * np.interp(np.arange(max_width), seen, means / prior[seen])
         if seen.size >= 2 and max_width > seen[-1] + 1:
             slope = max(0.0, (means[-1] - means[-2]) / (seen[-1] - seen[-2]))
             beyond = np.arange(seen[-1] + 1, max_width)
@@ -212,3 +213,20 @@ def test_step_cost_table_equals_the_interpolation_it_stands_for(seed):
             got = cost.table(asked)
             assert got.shape == (asked + 1,)
             np.testing.assert_allclose(got, _reference_table(cost, asked), rtol=1e-12, atol=0)
+
+
+
+def test_step_cost_discounts_each_measured_width_by_its_age():
+    """A width's prediction is the discounted mean of its own steps, each weighed by
+    gamma ** (steps observed since), whatever other widths ran in between."""
+    from verispec.economics import StepCost
+
+    cost = StepCost(CostModel(verify_overhead=0.1), half_life=4.0)
+    gamma = 0.5 ** (1 / 4.0)
+    for width, seconds in ((1, 0.010), (1, 0.012), (3, 0.020), (1, 0.011), (3, 0.024)):
+        cost.observe([width], seconds)
+    ages = (4, 3, 1)  # width 1's steps, counted back from the last observation
+    want = (0.010 * gamma**4 + 0.012 * gamma**3 + 0.011 * gamma) / sum(gamma**a for a in ages)
+    assert cost.table(1)[1] == pytest.approx(want, rel=1e-12)
+    assert cost.table(3)[3] == pytest.approx((0.020 * gamma**2 + 0.024) / (gamma**2 + 1), rel=1e-12)
+    assert cost.timed and not StepCost().timed

@@ -398,3 +398,36 @@ def test_evidence_prior_sets_the_first_choice_and_yields_to_outcomes():
         controller.choose(MAX_K, Evidence(4, 0.9))
         controller.observe(StepObservation(8, 8, 0))
     assert controller.choose(MAX_K, Evidence(4, 0.9)) <= 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_depth_acceptance_equals_the_full_vector_update(seed):
+    """The per-depth counts, kept as lists that decay only the depths ever counted,
+    give exactly the alphas of decaying every depth's count vector each step."""
+    from verispec.acceptance import DepthAcceptance
+
+    rng = np.random.default_rng(seed)
+    depth, half_life, prior, strength, pool = 8, float(rng.uniform(2, 32)), 0.4, 2.0, 1.0
+    # change_p this small never resets, so the reference needs no change detection.
+    estimate = DepthAcceptance(depth, half_life, prior, strength, pool, 4, 1e-300)
+    gamma = 0.5 ** (1.0 / half_life)
+    succ, fail = np.zeros(depth), np.zeros(depth)
+    succ[0], fail[0] = prior * strength, (1 - prior) * strength
+    for _ in range(60):
+        drafted = int(rng.integers(0, 12))
+        accepted = int(rng.integers(0, drafted + 1))
+        estimate.add(drafted, accepted)
+        if drafted:
+            succ, fail = succ * gamma, fail * gamma
+            succ[:min(accepted, depth)] += 1.0
+            if accepted < min(drafted, depth):
+                fail[accepted] += 1.0
+        counts = succ + fail
+        want, parent, weight = np.empty(depth), prior, 0.0
+        reached = int(np.flatnonzero(counts > 0)[-1]) + 1
+        for i in range(reached):
+            parent = (succ[i] + weight * parent) / (counts[i] + weight)
+            want[i], weight = parent, pool
+        want[reached:] = parent
+        assert estimate._first_alpha() == want[0]
+        np.testing.assert_array_equal(estimate.alphas, want)

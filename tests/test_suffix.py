@@ -348,3 +348,24 @@ def test_bench_repeats_never_draft_from_their_own_earlier_run():
     assert engine.suffix_store.sequences() == [plain[f"p{i}"] for i in range(len(PROMPTS))]
     suffix = {r.prompt_id: r for r in records if r.config == "suffix"}
     assert all(suffix[p].token_ids == plain[p] for p in plain)
+
+
+def test_evidence_then_propose_reads_the_stores_once_and_drafts_the_same():
+    """An adaptive step asks for evidence, then a draft: the draft comes from the
+    evidence's lookup and equals what a fresh proposer drafts for the same context."""
+    store = SuffixStore()
+    for _ in range(3):
+        store.add([1, 2, 3, 4, 5, 6, 7, 8])
+    tokens = [9, 9, 1, 2, 3]
+    cached = SuffixProposer(store, frozenset(), max_k=6)
+    calls = []
+    original = store.continuations
+    store.continuations = lambda *a: calls.append(a) or original(*a)
+    evidence = cached.evidence(DraftContext(tokens, 2))
+    for k in (4, 2, 6):
+        draft = cached.propose(DraftContext(tokens, 2), k).tokens.tolist()
+        fresh = SuffixProposer(store, frozenset()).propose(DraftContext(tokens, 2), k)
+        assert draft == fresh.tokens.tolist() == [4, 5, 6, 7, 8][:min(k, 3)]
+    assert evidence.key == 3 and len(calls) == 1 + 3  # the fresh proposers' own lookups
+    cached.propose(DraftContext(tokens + [4], 2), 2)  # the next step searches again
+    assert len(calls) == 5

@@ -84,8 +84,11 @@ class DepthAcceptance:
         self._pool = pool_strength
         self._change_p = change_p
         self._recent: deque[_Outcome] = deque(maxlen=change_window)
-        self._succ = np.zeros(max_depth)
-        self._fail = np.zeros(max_depth)
+        # Plain lists: updated every verified step, where numpy's per-call overhead cost
+        # more than the arithmetic. Entries at and past `_top` are 0 (never counted).
+        self._succ = [0.0] * max_depth
+        self._fail = [0.0] * max_depth
+        self._top = 0
         self._alphas: np.ndarray | None = None  # cached `alphas`, dropped when counts change
         self.resets = 0  # abrupt changes detected
         self._restart()
@@ -99,19 +102,26 @@ class DepthAcceptance:
         every running request."""
         if self._alphas is not None:
             return self._alphas
-        out = np.empty(self.max_depth)
+        out = [0.0] * self.max_depth
         parent, pool = self._prior_alpha, 0.0
-        succ, counts = self._succ.tolist(), (self._succ + self._fail).tolist()
+        succ = self._succ
+        counts = [a + b for a, b in zip(succ[:self._top], self._fail[:self._top])]
         # Depths past the deepest one ever reached have no counts: they inherit it.
         reached = max((i for i, n in enumerate(counts) if n > 0), default=-1) + 1
         for i in range(reached):
             n = counts[i]
             parent = parent if n + pool == 0 else (succ[i] + pool * parent) / (n + pool)
             out[i], pool = parent, self._pool
-        out[reached:] = parent
+        out[reached:] = [parent] * (self.max_depth - reached)
+        out = np.array(out)
         out.flags.writeable = False
         self._alphas = out
         return out
+
+    def _first_alpha(self) -> float:
+        """alphas[0] without building the vector (depth 1 is never pooled with a parent)."""
+        n = self._succ[0] + self._fail[0]
+        return self._succ[0] / n if n > 0 else self._prior_alpha
 
     def seed(self, alpha: float, strength: float) -> None:
         """Restart from a depth-1 prior of `alpha` worth `strength` observations."""
@@ -123,7 +133,7 @@ class DepthAcceptance:
     def add(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return  # no evidence; forgetting is per observation so k = 0 does not drift
-        self._recent.append(_Outcome(drafted, accepted, float(self.alphas[0])))
+        self._recent.append(_Outcome(drafted, accepted, self._first_alpha()))
         self._count(drafted, accepted)
         if len(self._recent) < self._recent.maxlen:
             return
@@ -145,15 +155,20 @@ class DepthAcceptance:
         # The prior lives in the depth-1 counts and decays with them, so after
         # enough evidence it leaves no floor under the estimate.
         self._alphas = None
-        self._succ[:] = 0.0
-        self._fail[:] = 0.0
+        self._succ = [0.0] * self.max_depth
+        self._fail = [0.0] * self.max_depth
         self._succ[0] = self._prior_alpha * self._prior_strength
         self._fail[0] = (1.0 - self._prior_alpha) * self._prior_strength
+        self._top = 1
 
     def _count(self, drafted: int, accepted: int) -> None:
         self._alphas = None
-        self._succ *= self._gamma
-        self._fail *= self._gamma
-        self._succ[: min(accepted, self.max_depth)] += 1.0
+        succ, fail, gamma = self._succ, self._fail, self._gamma
+        for i in range(self._top):
+            succ[i] *= gamma
+            fail[i] *= gamma
+        for i in range(min(accepted, self.max_depth)):
+            succ[i] += 1.0
         if accepted < min(drafted, self.max_depth):
-            self._fail[accepted] += 1.0
+            fail[accepted] += 1.0
+        self._top = max(self._top, min(accepted + 1, drafted, self.max_depth))

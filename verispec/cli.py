@@ -43,7 +43,7 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args)
     sampling, spec = sampling_from(args), spec_from(args)
     engine = engine_from(args)
-    load_suffix_cache(engine, args.suffix_cache)
+    load_suffix_cache(engine, args.suffix_cache, args.suffix_max_tokens)
     if args.json:
         result = engine.generate(prompt, sampling, spec, chat=args.chat)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench(sub)
     from .training.cli import add_subcommands as add_training
     add_training(sub)
+    from .training.warm_suffix import add_subcommands as add_warm_suffix
+    add_warm_suffix(sub)
     from .serving.cli import add_subcommands as add_serve
     add_serve(sub)
     return parser

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import HEAD_QUANTS, TREE_SHAPES, SamplingParams, SpecConfig
+from .config import HEAD_QUANTS, SUFFIX_STORE_TOKENS, TREE_SHAPES, SamplingParams, SpecConfig
 from .spec_text import DRAFT_SOURCES, SpecError, draft_source, parse_spec, proposer_names
 
 # verispec's short names and torch's own spellings; models.loading reads both.
@@ -156,15 +156,36 @@ def add_suffix_cache_arg(p: argparse.ArgumentParser) -> None:
                    help="load the outputs that --proposer suffix (and auto) draft from at start, "
                         "and save them with this run's at the end, so repeated runs learn; a "
                         "missing file starts empty, an unreadable one is reported and replaced")
+    p.add_argument("--suffix-max-tokens", type=_positive_int, default=None, metavar="N",
+                   help="the store's bound in cached tokens, oldest outputs evicted first "
+                        f"(default {SUFFIX_STORE_TOKENS}, about 140 bytes a token); a store "
+                        "filled by `verispec warm-suffix` may want more")
 
 
-def load_suffix_cache(engine, path: str | None) -> None:
+def _positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def load_suffix_cache(engine, path: str | None, max_tokens: int | None = None) -> None:
     """Fill engine.suffix_store from `path`. A missing file is a first run; an
-    unusable one gets a one-line warning and the run goes on with an empty store."""
+    unusable one gets a one-line warning and the run goes on with an empty store.
+    `max_tokens` (--suffix-max-tokens): the store gets that bound first, and a request
+    bound that lets outputs of 32 tokens or more reach it."""
     import sys
 
-    from .proposers.suffix_store import SuffixCacheError
+    from .proposers.suffix_store import SuffixCacheError, SuffixStore
 
+    if max_tokens is not None:
+        engine.suffix_store = SuffixStore(max_requests=max(SuffixStore().max_requests,
+                                                           max_tokens // 32),
+                                          max_tokens=max_tokens)
     if not path:
         return
     try:

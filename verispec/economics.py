@@ -25,6 +25,7 @@ interpolation, and beyond N the last two points are extrapolated linearly.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import operator
@@ -228,24 +229,29 @@ class StepCost:
         self.prior = prior if prior is not None else CostModel(verify_overhead=0.02)
         self.fused = fused
         self._gamma = 0.5 ** (1.0 / half_life)
-        self._rel = np.zeros(0)
-        self._sum = np.zeros(0)  # index w - 1: discounted seconds observed at width w
-        self._weight = np.zeros(0)  # and the discounted count
+        # Plain lists, not arrays: a request observes one step and reads the table once per
+        # step, and numpy's per-call overhead (its caches cold after a target pass) cost
+        # more than the arithmetic over the few widths a request ever runs.
+        self._rel: list[float] = []
+        self._sum: list[float] = []  # index w - 1: discounted seconds observed at width w
+        self._weight: list[float] = []  # and the discounted count
+        self._seen: list[int] = []  # w - 1 of every width ever observed, ascending: the
+        # only entries discounting can change (the others stay 0)
         self._table: np.ndarray | None = None  # every width's prediction, until the next change
 
     @property
     def timed(self) -> bool:
         """Whether predictions are in seconds (some step was measured) or in T(1) units."""
-        return bool(self._weight.any())
+        return any(self._weight[i] > 0 for i in self._seen)
 
     def _grow(self, width: int) -> None:
-        if width <= self._rel.size:
+        if width <= len(self._rel):
             return
-        size = max(width, 2 * self._rel.size, 64)
-        self._rel = np.array([self.prior.relative_time(n) for n in range(1, size + 1)])
-        pad = size - self._sum.size
-        self._sum = np.concatenate([self._sum, np.zeros(pad)])
-        self._weight = np.concatenate([self._weight, np.zeros(pad)])
+        size = max(width, 2 * len(self._rel), 64)
+        self._rel = [self.prior.relative_time(n) for n in range(1, size + 1)]
+        pad = size - len(self._sum)
+        self._sum += [0.0] * pad
+        self._weight += [0.0] * pad
         self._table = None
 
     def table(self, max_width: int) -> np.ndarray:
@@ -267,11 +273,11 @@ class StepCost:
     def _predict(self, max_width: int) -> list[float]:
         # Plain floats over the few widths a step asks for: numpy's per-call overhead,
         # paid every step after every observation, cost more than the arithmetic.
-        rel = self._rel[:max_width].tolist()
-        seen = np.flatnonzero(self._weight > 0).tolist()  # width - 1 of each measured width
+        rel = self._rel[:max_width]
+        seen = [i for i in self._seen if self._weight[i] > 0]  # width - 1 of each measured width
         if seen:
-            means = (self._sum[seen] / self._weight[seen]).tolist()
-            ratio = [mean / float(self._rel[i]) for mean, i in zip(means, seen)]
+            means = [self._sum[i] / self._weight[i] for i in seen]
+            ratio = [mean / self._rel[i] for mean, i in zip(means, seen)]
             j = 0
             for x in range(max_width):  # np.interp(x, seen, ratio)
                 while j < len(seen) and seen[j] < x:
@@ -309,18 +315,24 @@ class StepCost:
             # One-off stalls (a new kernel shape, GC) must not price a width out
             # for good: its mean moves only when that width is run again.
             seconds = min(seconds, 4.0 * predicted)
-        self._sum *= self._gamma
-        self._weight *= self._gamma
+        for i in self._seen:
+            self._sum[i] *= self._gamma
+            self._weight[i] *= self._gamma
         self._table = None
         if self.fused:
-            self._sum[total - 1] += seconds
-            self._weight[total - 1] += 1.0
+            self._add(total - 1, seconds)
             return
         # Sequential items: split the step time by the prior's shape.
-        shares = np.array([self._rel[w - 1] for w in widths])
-        for w, share in zip(widths, seconds * shares / shares.sum()):
-            self._sum[w - 1] += share
-            self._weight[w - 1] += 1.0
+        shares = [self._rel[w - 1] for w in widths]
+        whole = sum(shares)
+        for w, share in zip(widths, shares):
+            self._add(w - 1, seconds * share / whole)
+
+    def _add(self, index: int, seconds: float) -> None:
+        if self._weight[index] == 0.0 and index not in self._seen:
+            bisect.insort(self._seen, index)
+        self._sum[index] += seconds
+        self._weight[index] += 1.0
 
 
 def expected_speedup(alpha: float, k: int, cost: CostModel) -> float:

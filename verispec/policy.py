@@ -163,12 +163,13 @@ class AdaptiveK:
         max_depth, half_life, pool, window, p = self._estimate
         return DepthAcceptance(max_depth, half_life, prior_alpha, prior_strength, pool, window, p)
 
-    def step_seconds(self, max_k: int) -> np.ndarray:
+    def step_seconds(self, max_k: int) -> list[float]:
         """Predicted seconds of one pass for k = 0..max_k (T(1) units before any timing):
         the request's step-cost curve (economics.StepCost: measured widths, the prior's
         shape rescaled between them, convex beyond) plus the draft seconds per token."""
-        verify = self._verify_prediction(max_k + 1)
-        return verify + self._draft_per_token(verify[0]) * np.arange(max_k + 1)
+        verify = self._verify_prediction(max_k + 1).tolist()
+        per_token = self._draft_per_token(verify[0])
+        return [seconds + per_token * k for k, seconds in enumerate(verify)]
 
     def verify_seconds(self, positions: int) -> float:
         """Predicted seconds of one target forward over `positions` fed positions."""

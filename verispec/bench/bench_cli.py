@@ -182,7 +182,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     out_dir = _make_dir(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"), "--out")
     engine = engine_from(args)
-    load_suffix_cache(engine, args.suffix_cache)
+    load_suffix_cache(engine, args.suffix_cache, args.suffix_max_tokens)
     peer_engine = None
     if engine.backend != "hf" and needs_hf(plan.configs):
         peer_engine = engine_from(args, backend="hf")

@@ -124,7 +124,8 @@ class SuffixProposer(Proposer):
 
     def __init__(self, store: SuffixStore | None, eos_token_ids: frozenset[int],
                  tree_nodes: int = 0, settings: SuffixSettings = SuffixSettings(),
-                 ignore_eos: bool = False, frequency: FrequencyDrafts | None = None) -> None:
+                 ignore_eos: bool = False, frequency: FrequencyDrafts | None = None,
+                 max_k: int = 8) -> None:
         self.frequency = frequency  # sampled requests: chains drawn from the counts
         self.store = store  # None: only this request's own text (no Engine store)
         self.tree_nodes = tree_nodes
@@ -134,6 +135,8 @@ class SuffixProposer(Proposer):
         self.local = SuffixIndex(max_depth=depth)
         self._seen: list[int] = []
         self.last: ScoredDraft | None = None  # the latest proposal's draft, for stats and tests
+        self.max_k = max_k  # the draft length `evidence` reads continuations for
+        self._found: tuple[tuple, int, dict] | None = None  # (step, length, _candidates)
 
     def _follow(self, tokens: list[int]) -> None:
         """Index the committed context: extend, or start over if it is not an extension."""
@@ -148,12 +151,20 @@ class SuffixProposer(Proposer):
         self._seen = list(tokens)
 
     def _candidates(self, ctx: DraftContext, length: int) -> dict[str, list[tuple[int, list[int]]]]:
+        """(match length, up to `length` following tokens) per occurrence, per store. An
+        adaptive step asks twice, `evidence` (at max_k) and then `propose`: the second
+        reads the first's copy instead of searching both stores again."""
+        step = (len(ctx.tokens), tuple(ctx.tokens[-4:]))
+        if self._found is not None and self._found[0] == step and length <= self._found[1]:
+            return {source: [(m, path[:length]) for m, path in found]
+                    for source, found in self._found[2].items()}
         self._follow(ctx.tokens)
         local = [(m.length, self.local.continuation(m.position, length))
                  for m in self.local.matches(ctx.tokens)]
         found = {"request": local}
         if self.store is not None:
             found["global"] = self.store.continuations(ctx.tokens, length)
+        self._found = (step, length, found)
         return found
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
@@ -188,7 +199,7 @@ class SuffixProposer(Proposer):
 
     def evidence(self, ctx: DraftContext) -> Evidence:
         """The longest match either store holds, keyed like n-gram lookup's."""
-        found = self._candidates(ctx, 0)
+        found = self._candidates(ctx, self.max_k)
         return match_evidence(max((m for matches in found.values() for m, _ in matches), default=0))
 
     def finished(self, ctx: DraftContext) -> None:
@@ -204,4 +215,4 @@ def _build(setup: ProposerSetup) -> Proposer:
                           settings=SuffixSettings(spec.suffix_factor, spec.suffix_offset,
                                                   spec.suffix_min_prob),
                           ignore_eos=setup.sampling.ignore_eos,
-                          frequency=FrequencyDrafts.of(setup))
+                          frequency=FrequencyDrafts.of(setup), max_k=max(1, spec.k))

@@ -55,7 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"k {'auto <= ' if defaults.adaptive else ''}{defaults.k}, "
           f"max_num_seqs {args.max_num_seqs}, max_queue {args.max_queue}", flush=True)
     print(f"verispec serve: the playground is at http://{args.host}:{args.port}/playground", flush=True)
-    load_suffix_cache(engine, args.suffix_cache)
+    load_suffix_cache(engine, args.suffix_cache, args.suffix_max_tokens)
     serve(engine, config, args.host, args.port, args.log_level)
     save_suffix_cache(engine, args.suffix_cache)
     return 0
