@@ -94,3 +94,12 @@ def test_material_prompts_of_the_asked_kinds(model_dir, tmp_path, capsys):
     # build_prompts(20) gives 6 chat and 6 creative prompts (KIND_SHARES 0.3 each).
     assert "12 answers" in capsys.readouterr().err
     assert len(_stored(cache)) == 12 and all(len(s) <= 4 for s in _stored(cache))
+
+
+@pytest.mark.parametrize("flag,value", [("--suffix-cache", "store.npz"),
+                                        ("--suffix-max-tokens", "1000")])
+def test_ray_serving_refuses_one_shared_store(flag, value, capsys):
+    """Ray replicas each keep their own store, so neither flag can mean what it says."""
+    assert main(["serve", "--ray", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} needs one server process" in err and len(err.strip().splitlines()) == 1

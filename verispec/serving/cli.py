@@ -36,8 +36,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.ray or args.ray_address:
         from .ray_app import serve_ray
 
-        if args.suffix_cache:
-            raise ValueError("--suffix-cache needs one server process: with --ray every "
+        if args.suffix_cache or args.suffix_max_tokens:
+            flag = "--suffix-cache" if args.suffix_cache else "--suffix-max-tokens"
+            raise ValueError(f"{flag} needs one server process: with --ray every "
                              "replica keeps its own suffix store")
 
         return serve_ray(args)

@@ -49,7 +49,8 @@ def add_subcommands(sub) -> None:
                    help="with --material: comma list of chat, creative, summarize, "
                         "code-edit, code, or all (default)")
     p.add_argument("--tokens", type=int, default=200_000,
-                   help="stop once the answers hold this many tokens (default 200000)")
+                   help="stop taking prompts once the answers hold this many tokens; answers "
+                        "in flight finish (default 200000)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="cap per answer (default 256)")
     p.add_argument("--sampled-share", type=float, default=0.25,
                    help="share of prompts answered by sampling instead of greedily, chosen "
