@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from .config import HEAD_QUANTS, SUFFIX_STORE_TOKENS, TREE_SHAPES, SamplingParams, SpecConfig
+from .config import (HEAD_QUANTS, SUFFIX_STORE_REQUESTS, SUFFIX_STORE_TOKENS, TREE_SHAPES,
+                     SamplingParams, SpecConfig)
 from .spec_text import DRAFT_SOURCES, SpecError, draft_source, parse_spec, proposer_names
 
 # verispec's short names and torch's own spellings; models.loading reads both.
@@ -183,9 +184,7 @@ def load_suffix_cache(engine, path: str | None, max_tokens: int | None = None) -
     from .proposers.suffix_store import SuffixCacheError, SuffixStore
 
     if max_tokens is not None:
-        engine.suffix_store = SuffixStore(max_requests=max(SuffixStore().max_requests,
-                                                           max_tokens // 32),
-                                          max_tokens=max_tokens)
+        engine.suffix_store = SuffixStore(max(SUFFIX_STORE_REQUESTS, max_tokens // 32), max_tokens)
     if not path:
         return
     try:

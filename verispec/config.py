@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 TREE_SHAPES = ("dynamic", "topb")  # shapes of model-drafted trees (verispec.proposers.tree_drafting)
 SUFFIX_STORE_TOKENS = 1 << 18  # the global suffix store's default bound in cached tokens
+SUFFIX_STORE_REQUESTS = 4096  # ... and in cached outputs
 HEAD_QUANTS = ("Q8_0", "Q4_0")  # block formats an EAGLE head's matrices may run in
 JSON_WHITESPACE = r"[ \n]{0,24}"  # between JSON tokens: room for indented output, not for ever
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "lark")

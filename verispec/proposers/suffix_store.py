@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import SUFFIX_STORE_TOKENS
+from ..config import SUFFIX_STORE_REQUESTS, SUFFIX_STORE_TOKENS
 
 SENTINEL = -1  # ends every sequence; never equal to a token, so matches stop there
 ANCHORS = (3, 1)  # anchor n-gram lengths, longest first: 3 finds long matches among a
@@ -129,8 +129,8 @@ class SuffixIndex:
             self._index_range(start, start, end - 1)
 
     def clone(self) -> "SuffixIndex":
-        """An independent copy; the index's lists are copied one level down, which is
-        all there is (copy.deepcopy walks every int and took seconds at 10^5 tokens)."""
+        """An independent copy: the index's lists copied one level down, which is all
+        there is to copy (copy.deepcopy would walk every int in them)."""
         twin = copy.copy(self)
         twin.tokens = array("q", self.tokens)
         twin.bounds = deque(self.bounds)
@@ -199,7 +199,8 @@ class SuffixStore:
     write atomic, so requests served from several threads see one store.
     """
 
-    def __init__(self, max_requests: int = 4096, max_tokens: int = SUFFIX_STORE_TOKENS,
+    def __init__(self, max_requests: int = SUFFIX_STORE_REQUESTS,
+                 max_tokens: int = SUFFIX_STORE_TOKENS,
                  max_depth: int = 32, recent: int = 64) -> None:
         if max_requests < 1 or max_tokens < 1:
             raise ValueError(f"a suffix store needs max_requests and max_tokens >= 1, "
