@@ -215,7 +215,6 @@ def test_step_cost_table_equals_the_interpolation_it_stands_for(seed):
             np.testing.assert_allclose(got, _reference_table(cost, asked), rtol=1e-12, atol=0)
 
 
-
 def test_step_cost_discounts_each_measured_width_by_its_age():
     """A width's prediction is the discounted mean of its own steps, each weighed by
     gamma ** (steps observed since), whatever other widths ran in between."""

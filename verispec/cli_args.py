@@ -157,13 +157,13 @@ def add_suffix_cache_arg(p: argparse.ArgumentParser) -> None:
                    help="load the outputs that --proposer suffix (and auto) draft from at start, "
                         "and save them with this run's at the end, so repeated runs learn; a "
                         "missing file starts empty, an unreadable one is reported and replaced")
-    p.add_argument("--suffix-max-tokens", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--suffix-max-tokens", type=positive_int, default=None, metavar="N",
                    help="the store's bound in cached tokens, oldest outputs evicted first "
                         f"(default {SUFFIX_STORE_TOKENS}; memory per token: docs/suffix.md); "
                         "a store filled by `verispec warm-suffix` may want more")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     """argparse type of a count that must be at least 1."""
     try:
         value = int(text)

@@ -329,7 +329,7 @@ class StepCost:
             self._add(w - 1, seconds * share / whole)
 
     def _add(self, index: int, seconds: float) -> None:
-        if self._weight[index] == 0.0 and index not in self._seen:
+        if index not in self._seen:
             bisect.insort(self._seen, index)
         self._sum[index] += seconds
         self._weight[index] += 1.0

@@ -30,7 +30,7 @@ Ctrl-C saves the answers finished so far.
 
 
 def add_subcommands(sub) -> None:
-    from ..cli_args import add_model_args, add_suffix_cache_arg
+    from ..cli_args import add_model_args, add_suffix_cache_arg, positive_int
 
     p = sub.add_parser("warm-suffix", help="fill a --suffix-cache file with the target's "
                                            "answers to many requests",
@@ -42,22 +42,23 @@ def add_subcommands(sub) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", metavar="FILE.jsonl",
                         help="the requests to answer, one JSON object a line")
-    source.add_argument("--material", type=int, metavar="N",
+    source.add_argument("--material", type=positive_int, metavar="N",
                         help="build N prompts from installed docs, code and word lists "
                              "(the head-training material; never a bench prompt)")
     p.add_argument("--kinds", default="all",
                    help="with --material: comma list of chat, creative, summarize, "
                         "code-edit, code, or all (default)")
-    p.add_argument("--tokens", type=int, default=200_000,
+    p.add_argument("--tokens", type=positive_int, default=200_000,
                    help="stop taking prompts once the answers hold this many tokens; answers "
                         "in flight finish (default 200000)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="cap per answer (default 256)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256,
+                   help="cap per answer (default 256)")
     p.add_argument("--sampled-share", type=float, default=0.25,
                    help="share of prompts answered by sampling instead of greedily, chosen "
                         "per prompt from --seed (default 0.25)")
     p.add_argument("--temperature", type=float, default=0.8,
                    help="temperature of the sampled share (default 0.8)")
-    p.add_argument("--batch", type=int, default=32,
+    p.add_argument("--batch", type=positive_int, default=32,
                    help="answers decoded together where the backend fuses batches (default 32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0,
@@ -74,10 +75,6 @@ def _check(args) -> None:
 
     if not args.suffix_cache:
         raise CliError("warm-suffix needs --suffix-cache FILE: where the answers are stored")
-    if args.tokens < 1 or args.max_new_tokens < 1 or args.batch < 1:
-        raise CliError("--tokens, --max-new-tokens and --batch must be >= 1")
-    if args.material is not None and args.material < 1:
-        raise CliError(f"--material must be >= 1, got {args.material}")
     if not 0.0 <= args.sampled_share <= 1.0 or args.temperature <= 0:
         raise CliError("--sampled-share is a share in [0, 1] and --temperature must be > 0")
     kinds = args.kinds.split(",")

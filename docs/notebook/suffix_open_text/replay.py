@@ -8,7 +8,7 @@ commits, and how often a draft's first token is right, are exact without timing 
         --suffix-cache store.npz --suffix-max-tokens 1000000
     python docs/notebook/suffix_open_text/replay.py tau store.npz --sizes 0,100000,200000,600000
     python docs/notebook/suffix_open_text/replay.py calibration store.npz
-    python docs/notebook/suffix_open_text/replay.py policy store.npz --overhead 0.08
+    python docs/notebook/suffix_open_text/replay.py policy store.npz --sizes 200000,600000
 
 `tau`: every step drafts the chain the proposer proposes (k 8), store cut to each size.
 `calibration`: for every candidate draft (store, match length m, n occurrences, c of them
@@ -146,7 +146,7 @@ def main() -> None:
     if args.mode == "calibration":
         calibration(refs, load_store(args.store))
         return
-    sizes = [int(s) for s in args.sizes.split(",")] if args.mode == "tau" else [None]
+    sizes = [int(s) for s in args.sizes.split(",")]
     for size in sizes:
         store = load_store(args.store, size)
         for kind in ("chat", "creative"):
