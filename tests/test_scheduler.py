@@ -236,6 +236,38 @@ def test_drafting_must_beat_plain_by_the_margin():
     assert allocate([Candidate(1, 3, [0.0], fixed=True)], cost, margin=0.5) == [3]
 
 
+def test_host_work_per_step_makes_drafts_pay_under_load():
+    """Past the knee every position costs its share of the forward, so drafts accepted
+    at 0.8 do not pay against the forward alone; against the forward plus the host work
+    each of the 16 requests' steps costs whatever it drafts (H), they do."""
+    cost = StepCost(KNEE, fused=True, half_life=4.0)
+    for _ in range(20):
+        cost.observe([1] * 16, 0.016)  # 16 ms at the knee: each position past it, 1 ms
+    batch = [Candidate(1, 4, [0.8] * 4) for _ in range(16)]
+    assert sum(allocate(batch, cost)) == 0
+    ks = allocate(batch, cost, overhead=0.008)  # 0.5 ms of host work per request
+    assert sum(ks) >= 16 and max(ks) - min(ks) <= 1
+    # A prior not yet in seconds has no scale for a measured H: it is left out.
+    assert allocate(batch, StepCost(KNEE, fused=True), overhead=0.008) == \
+        allocate(batch, StepCost(KNEE, fused=True))
+
+
+def test_the_scheduler_measures_its_host_work_per_request(engine):
+    """What a step spends beside the forward and the drafts (quotes, plans, feeds) is
+    measured per decoding request, for the allocator's H."""
+    scheduler = make_scheduler(engine, explore_every=0)
+    sampling = SamplingParams(max_new_tokens=24)
+    sinks = [Collector() for _ in PROMPTS[:4]]
+    scheduler.submit([Ticket(prompt, sampling, SpecConfig("ngram", k=4, adaptive=True), sink)
+                      for prompt, sink in zip(PROMPTS, sinks)])
+    assert all(sink.done.wait(30) and sink.failure is None for sink in sinks)
+    scheduler.close()
+    for prompt, sink in zip(PROMPTS, sinks):
+        assert sink.tokens == engine.generate(prompt, sampling,
+                                              SpecConfig("ngram", k=4, adaptive=True)).token_ids
+    assert scheduler._host.measured is not None and 0.0 < scheduler._host.measured < 0.1
+
+
 def test_calibration_times_the_target(tiny_native):
     prior = calibrate(tiny_native, widths=(1, 4, 16), context=8, repeats=1)
     assert prior is not None and len(prior.profile) == 16 and prior.profile[0] == 1.0

@@ -6,7 +6,15 @@ sum_i E_i(k_i) tokens in expectation, E_i(k) = 1 + sum_{j<=k} prod_{d<=j} alpha_
 (Leviathan et al. 2023, eq. 1, with request i's per-depth acceptance). The
 scheduler picks the k_i that maximise the batch's expected tokens per second
 
-    sum_i E_i(k_i) / (T(widths) + sum_i c_i k_i)        (c_i: request i's draft seconds/token).
+    sum_i E_i(k_i) / (T(widths) + sum_i c_i k_i + H)    (c_i: request i's draft seconds/token).
+
+H is the step's host work that no draft length changes: each request's quote
+(its proposer's lookups, its policy), plan and feed, and the scheduler's own. It
+belongs in both rates compared, speculating and not: leaving it out prices the
+batch's plain step at its forward alone, so the average position looks as cheap as
+the marginal one and the drafts that pay are refused. At 16 streams on a CPU,
+where the step is compute-bound and every request's host work adds up, that kept
+adaptive k far below a fixed k that was measured to pay.
 
 Where T is flat (memory-bound: every weight is read once whatever the width),
 extra positions are nearly free and drafts pay. Once the total width crosses
@@ -75,7 +83,8 @@ class Candidate:
     decoding: bool = True  # False for a prefill, which commits no token this step
 
 
-def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.0) -> list[int]:
+def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.0,
+             overhead: float = 0.0) -> list[int]:
     """Draft length per candidate maximising expected tokens per second of the step.
 
     Greedy by extensions: starting from k = 0 for adaptive requests (fixed ones
@@ -86,7 +95,7 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
     a cost step such as T(2) > T(1) that only a longer draft amortises. The
     adaptive requests draft at all only if that lifts the predicted rate by
     more than `margin` (a fraction: the scheduler's default 0.02 is 2%) over
-    drafting nothing.
+    drafting nothing. `overhead`: H above, in seconds (measured once the cost model is).
     """
     caps = [max(0, c.k_cap) if c.decoding else 0 for c in candidates]
     ks = [cap if c.fixed else 0 for c, cap in zip(candidates, caps)]
@@ -101,10 +110,12 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
     tokens = sum(1.0 + g[k] for c, g, k in zip(candidates, gains, ks) if c.decoding)
     total = sum(widths)
     verify = table[total] if cost.fused else sum(table[w] for w in widths)
-    drafting = sum(p * k for p, k in zip(price, ks))
-    baseline, start = tokens / (verify + drafting), list(ks)
+    # Seconds beside the forward: the drafts and H (before the model is in seconds its
+    # table is in units of T(1), where a measured H has no scale).
+    host = sum(p * k for p, k in zip(price, ks)) + (overhead if cost.timed else 0.0)
+    baseline, start = tokens / (verify + host), list(ks)
     while True:
-        rate = tokens / (verify + drafting)
+        rate = tokens / (verify + host)
         best = None  # (tokens per position, rate, index, m, verify after)
         # Shortest drafts first, so equal requests share a budget instead of one taking it all.
         for i in sorted(range(len(free)), key=ks.__getitem__):
@@ -113,7 +124,7 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
                 v = (table[total + m] if cost.fused
                      else verify - table[widths[i]] + table[widths[i] + m])
                 gain = gains[i][k + m] - gains[i][k]
-                r = (tokens + gain) / (v + drafting + price[i] * m)
+                r = (tokens + gain) / (v + host + price[i] * m)
                 # Ties go to fewer drafts: an overestimated alpha then wastes less.
                 if r > rate * (1.0 + 1e-9) and (best is None or (gain / m, r) > best[:2]):
                     best = (gain / m, r, i, m, v)
@@ -121,7 +132,7 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
             return ks if rate > baseline * (1.0 + margin) else start
         _, _, i, m, verify = best
         tokens += gains[i][ks[i] + m] - gains[i][ks[i]]
-        drafting += price[i] * m
+        host += price[i] * m
         ks[i] += m
         free[i] -= m
         widths[i] += m

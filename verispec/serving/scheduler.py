@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 from ..acceptance import Tally
 from ..cadence import Explore
-from ..economics import CostModel
+from ..economics import CostModel, DraftPrice
 from ..config import SamplingParams, SpecConfig
 from ..metrics import Stats, StepRecord
 from ..plan import Plan
@@ -142,6 +142,10 @@ class Scheduler:
         self._explore = Explore(self.config.explore_every)  # counts every step
         self._guarded = 0  # decoding requests of this step if the guard's answer mattered, else 0
         self._guard_measured = False  # this step decodes only: its time is the guard's sample
+        # Host seconds per decoding request of a step that no draft length changes (quotes,
+        # plans, feeds; cost.allocate's H): the same discounted estimate as a draft price.
+        self._host = DraftPrice()
+        self._host_measured = False  # this step was allocated and decodes only
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         # Per proposer: discounted accepted drafts and first rejections of finished requests.
         # A new adaptive request starts from their ratio rather than from a blind prior:
@@ -270,6 +274,7 @@ class Scheduler:
         # Only steps where the guard's answer changes something measure its two modes.
         self._guarded = decoding if adaptive else 0
         self._guard_measured = decoding == len(slots)  # a prefill's cost would swamp the drafts'
+        self._host_measured = False
         if self.guard is not None and adaptive and not self.guard.allow(decoding):
             # Speculation is not paying at this load: adaptive requests decode plainly, and
             # skip the allocator and their shadow drafts, whose host time is then pure cost.
@@ -280,7 +285,9 @@ class Scheduler:
         candidates = [Candidate(1, q.room, q.alphas, q.fixed, q.draft_seconds) if q is not None
                       else Candidate(max(0, len(s.request.tokens) - 1), 0, (0.0,), decoding=False)
                       for s, q in zip(slots, quotes)]
-        ks = list(allocate(candidates, self.cost, self.config.margin))
+        overhead = (self._host.measured or 0.0) * decoding
+        ks = list(allocate(candidates, self.cost, self.config.margin, overhead))
+        self._host_measured = decoding == len(slots)
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
         if turn is not None and movable:
             # Step times are measured only at the widths the allocator picks, and a wrong
@@ -316,6 +323,7 @@ class Scheduler:
         seconds = time.perf_counter() - t0
         emitted = drafted = accepted = 0
         decode_ks = []
+        host = t0 - started  # less what the drafts took, which their prices already count
         for slot, out in zip(live, outputs):
             request = slot.request
             try:
@@ -326,6 +334,8 @@ class Scheduler:
             if step is None:  # the prefill commits nothing
                 continue
             record = step.record
+            if record.k:
+                host -= step.draft_seconds
             decode_ks.append(record.k)
             emitted, drafted = emitted + record.emitted, drafted + record.drafted
             accepted += record.accepted
@@ -337,6 +347,8 @@ class Scheduler:
         # request and per row, the latter is what a draft costs beyond the matmuls.
         self.cost.observe([int(item.tokens.shape[0]) for item in items], time.perf_counter() - t0)
         self.metrics.step(len(items), seconds, decode_ks, emitted, drafted, accepted)
+        if self._host_measured and len(decode_ks) == len(slots):
+            self._host.observe(max(0.0, host), len(slots))
         if self.guard is not None and self._guarded:
             self.guard.record(self._guarded, emitted, time.perf_counter() - started,
                               measured=self._guard_measured)
