@@ -21,7 +21,8 @@ from verispec.token_tree import TokenTree
 
 
 class Clock:
-    """auto's clock in these tests: it moves only when a Scripted proposer drafts."""
+    """auto's clock in these tests: it moves when a Scripted proposer drafts and by each
+    modelled pass (`_drive`)."""
     now = 0.0
 
     @classmethod
@@ -82,7 +83,9 @@ def _drive(auto: AutoProposer, future: list[int], steps: int, k: int = 4,
         at = len(tokens)
         matched = max(_matched(guess, future[at:]) for guess in guesses)
         fed = len(proposal.tree) if proposal.tree is not None else len(proposal)
-        policy.observe(plan, Outcome(fed, matched, verify_seconds=0.002 * (1 + slope * fed)))
+        seconds = 0.002 * (1 + slope * fed)
+        Clock.now += seconds
+        policy.observe(plan, Outcome(fed, matched, verify_seconds=seconds))
         tokens = future[:at + matched + 1]
         hidden = torch.arange(at - 1.0, len(tokens) - 1.0)[:, None]
     return picks
@@ -125,6 +128,29 @@ def test_probe_interval_doubles_while_losing_and_backlog_is_bounded():
     # Each probe saw at most the newest 8 rows plus its own step's, ending at the last one.
     assert model.rows == sorted(model.rows) and len(model.rows) <= 16 * model.calls
 
+
+
+def test_a_costly_probe_is_spaced_to_its_share_of_wall_time():
+    """A losing candidate whose probe costs half a pass is probed at most about
+    `probe_share` of the wall time, far less often than its back-off alone allows."""
+    future = list(range(50)) * 80
+    calls, share = {}, None
+    for cost in (0.0, 0.001):
+        copy = Scripted("ngram", future, lambda p: True, free=True)
+        model = Scripted("eagle", future, lambda p: False)
+        model.seconds_per_token = cost
+        auto = AutoProposer({"ngram": copy, "eagle": model}, probe_every=2, probe_max=16,
+                            probe_share=0.01)
+        start = Clock.now
+        _drive(auto, future, 500)
+        calls[cost] = model.calls
+        if cost:
+            share = sum(model.asked) * cost / (Clock.now - start)
+    assert calls[0.0] >= 30  # 2, 4, 8, 16, then every 16 steps
+    assert calls[0.001] <= calls[0.0] / 3
+    # Unpriced, its probes would take about 12% of the time; priced, 1% once measured
+    # (the first two probes, at steps 2 and 4, come before a price).
+    assert share <= 0.025
 
 class Telling(Scripted):
     """A free proposer that knows before drafting whether it can guess (n-gram
@@ -232,6 +258,8 @@ def test_a_wider_pass_is_priced_at_its_width():
 def test_rejects_bad_probe_settings():
     with pytest.raises(ValueError, match="probe_every"):
         AutoProposer({"ngram": Scripted("ngram", [], lambda p: True)}, probe_every=9, probe_max=8)
+    with pytest.raises(ValueError, match="probe_share"):
+        AutoProposer({"ngram": Scripted("ngram", [], lambda p: True)}, probe_share=0.0)
 
 
 def test_falls_back_to_plain_decoding_when_nothing_matches():

@@ -102,8 +102,10 @@ def test_forced_drafts_on_and_off_give_plain_greedy_output(tiny_engine, index):
             assert got.token_ids == want.token_ids, (on, spec)
             forced.setdefault(on, []).append(got.stats.grammar_forced)
             assert got.stats.time_grammar > 0
-    # Fixed k drafts every forced run; adaptive k often asks for no drafts at all here.
-    assert forced[True][0] >= 5 and forced[True][1] >= 1, forced
+    # Fixed k drafts every forced run. Whether adaptive k drafts here depends on the step
+    # times it measures on the tiny model (it drafted none once in a full suite run), so
+    # only its output is held to plain decoding's.
+    assert forced[True][0] >= 5, forced
     assert forced[False] == [0, 0]
     # Plain decoding never drafts, so the switch does nothing there.
     off = tiny_engine.generate(ids, sampling, SpecConfig("none", k=0, grammar_forced=False))

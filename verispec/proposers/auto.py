@@ -14,6 +14,10 @@ measures per candidate:
   to `probe_every` when another candidate displaces it under one evidence key (below). A
   change in the text's character (copying a document, then free writing) changes the
   choice within a few steps; a candidate that keeps losing costs ~1/probe_max of its drafts.
+  A probe is also spaced by its price: at most `probe_share` of the request's wall time
+  goes to one candidate's probes (its measured seconds per probe over the measured
+  seconds between steps), so a head whose call costs a good part of a target pass is not
+  probed every few steps on text where no candidate clearly wins.
 - its draft price, seconds per requested token (economics.DraftPrice), and how many
   positions its proposals feed per requested token (a tree feeds more than its depth; a
   lookup that found less feeds fewer), which is what its pass costs on the step-cost curve.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -76,6 +81,7 @@ class Track:
     pending_key: int | None = None  # the evidence key the guess was made under
     backoff: Backoff = field(default_factory=lambda: Backoff(8, 64))  # steps between probes
     # while not chosen
+    probe_price: DraftPrice = field(default_factory=DraftPrice)  # seconds per probe
     next_probe: int = 0  # the step of its next probe
     held: HeldRows = field(default_factory=HeldRows)  # hidden rows of the steps it skipped
 
@@ -127,11 +133,14 @@ class AutoProposer(Proposer):
     free = True
 
     def __init__(self, candidates: dict[str, Proposer], decay: float = 0.8,
-                 probe_every: int = 8, probe_max: int = 64, held_rows: int = 512) -> None:
+                 probe_every: int = 8, probe_max: int = 64, held_rows: int = 512,
+                 probe_share: float = 0.01) -> None:
         if not candidates:
             raise ValueError("auto needs at least one candidate proposer")
         if not 1 <= probe_every <= probe_max:
             raise ValueError(f"need 1 <= probe_every <= probe_max, got {probe_every}, {probe_max}")
+        if not probe_share > 0:
+            raise ValueError(f"probe_share must be > 0, got {probe_share}")
         self.tracks = {name: Track(p, backoff=Backoff(probe_every, probe_max),
                                    next_probe=probe_every, held=HeldRows(held_rows))
                        for name, p in candidates.items()}
@@ -140,7 +149,12 @@ class AutoProposer(Proposer):
         self.decay = decay
         self.probe_every = probe_every
         self.probe_max = probe_max
+        self.probe_share = probe_share
         self.choice = "none"  # the candidate behind the last proposal
+        # Wall seconds from one call to the next: a step as the request lives it (its
+        # forward, the host work, the drafts), or a batch's step in serving.
+        self._step_price = DraftPrice()
+        self._called: float | None = None
         self._seen = 0  # committed tokens already scored
         self._steps = 0
         self._best_by_key: dict[int | None, str] = {}
@@ -221,6 +235,10 @@ class AutoProposer(Proposer):
         nothing), and let the others guess or wait as their scoring needs."""
         self._score(ctx.tokens)
         self._steps += 1
+        now = time.perf_counter()
+        if self._called is not None:
+            self._step_price.observe(now - self._called, 1)
+        self._called = now
         evidence = self._evidence_for(ctx)
         key = None if evidence is None else evidence.key
         best = ctx.candidate if k > 0 and ctx.candidate in self.tracks else "none"
@@ -234,7 +252,8 @@ class AutoProposer(Proposer):
         if "none" not in (best, previous) and best != previous:
             track = self.tracks[previous]
             track.backoff.reset()
-            track.next_probe = min(track.next_probe, self._steps + self.probe_every)
+            track.next_probe = min(track.next_probe,
+                                   self._steps + max(self.probe_every, self._priced_gap(track)))
         if best != "none":
             self._best_by_key[key] = best
         chosen = Proposal.empty()
@@ -244,15 +263,18 @@ class AutoProposer(Proposer):
                 track.held.hold(ctx.target_hidden)
                 track.pending = []
                 continue
-            if probe:
-                # A probe that would not have won backs off; one that would have is
-                # chosen next step (its alpha rose), which resets the intervals.
-                track.next_probe = self._steps + track.backoff.interval
-                track.backoff.longer()
             start = time.perf_counter()
             caught_up = dataclasses.replace(ctx, target_hidden=track.held.release(ctx.target_hidden))
             proposal = track.proposer.propose(caught_up, max(k, 1))
-            track.proposed(proposal, max(k, 1), time.perf_counter() - start, self.decay)
+            seconds = time.perf_counter() - start
+            track.proposed(proposal, max(k, 1), seconds, self.decay)
+            if probe:
+                # A probe that would not have won backs off; one that would have is
+                # chosen next step (its alpha rose), which resets the intervals.
+                track.probe_price.observe(seconds, 1)
+                track.next_probe = self._steps + max(track.backoff.interval,
+                                                     self._priced_gap(track))
+                track.backoff.longer()
             track.pending = _paths(proposal)
             found, own = self._key_evidence(name)
             track.pending_key = None if found is None else found.key
@@ -262,6 +284,14 @@ class AutoProposer(Proposer):
                 chosen = proposal
         self.choice = best
         return chosen
+
+    def _priced_gap(self, track: Track) -> int:
+        """Steps between `track`'s probes that keep them within `probe_share` of the
+        wall time; 0 until both prices are measured."""
+        probe, step = track.probe_price.measured, self._step_price.measured
+        if probe is None or not step:
+            return 0
+        return math.ceil(probe / (self.probe_share * step))
 
     def _score(self, tokens: list[int]) -> None:
         """Credit each candidate's last guess with the tokens committed since,
