@@ -145,7 +145,7 @@ class Scheduler:
         # Host seconds per decoding request of a step that no draft length changes (quotes,
         # plans, feeds; cost.allocate's H): the same discounted estimate as a draft price.
         self._host = DraftPrice()
-        self._host_measured = False  # this step was allocated and decodes only
+        self._allocated = False  # this step's draft lengths came from the allocator
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         # Per proposer: discounted accepted drafts and first rejections of finished requests.
         # A new adaptive request starts from their ratio rather than from a blind prior:
@@ -274,7 +274,7 @@ class Scheduler:
         # Only steps where the guard's answer changes something measure its two modes.
         self._guarded = decoding if adaptive else 0
         self._guard_measured = decoding == len(slots)  # a prefill's cost would swamp the drafts'
-        self._host_measured = False
+        self._allocated = False
         if self.guard is not None and adaptive and not self.guard.allow(decoding):
             # Speculation is not paying at this load: adaptive requests decode plainly, and
             # skip the allocator and their shadow drafts, whose host time is then pure cost.
@@ -287,7 +287,7 @@ class Scheduler:
                       for s, q in zip(slots, quotes)]
         overhead = (self._host.measured or 0.0) * decoding
         ks = list(allocate(candidates, self.cost, self.config.margin, overhead))
-        self._host_measured = decoding == len(slots)
+        self._allocated = True
         movable = [i for i, c in enumerate(candidates) if c.decoding and not c.fixed and c.k_cap]
         if turn is not None and movable:
             # Step times are measured only at the widths the allocator picks, and a wrong
@@ -347,7 +347,9 @@ class Scheduler:
         # request and per row, the latter is what a draft costs beyond the matmuls.
         self.cost.observe([int(item.tokens.shape[0]) for item in items], time.perf_counter() - t0)
         self.metrics.step(len(items), seconds, decode_ks, emitted, drafted, accepted)
-        if self._host_measured and len(decode_ks) == len(slots):
+        # H's sample: a step the allocator priced, where every request decoded (a held
+        # step skips the quotes; a prefill or a failed request is not a decode step's work).
+        if self._allocated and len(decode_ks) == len(slots):
             self._host.observe(max(0.0, host), len(slots))
         if self.guard is not None and self._guarded:
             self.guard.record(self._guarded, emitted, time.perf_counter() - started,
