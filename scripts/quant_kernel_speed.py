@@ -1,5 +1,7 @@
 """Micro-benchmark of verispec's matmul kernel: dense bf16 and each GGUF block
-format, ms per matmul at real model shapes, for n = 1..32 rows.
+format, ms per matmul at real model shapes, for n = 1..32 rows. A format named
+FMT-i8 (Q8_0-i8, Q4_1-i8, Q4_0-i8) is the integer path (pack_quant_i8, --weights
+quant-i8).
 
 Each (shape, format) gets enough distinct weight copies to exceed the last-level
 cache (`--working-set`), so every product streams its weight from DRAM as in a
@@ -8,6 +10,7 @@ median over repeats is reported, with GB/s of weight bytes and the bound set by
 the measured stream bandwidth (torch.sum over a float32 buffer, same threads).
 
     python scripts/quant_kernel_speed.py --threads 2
+    python scripts/quant_kernel_speed.py --threads 1 --models 135M --formats Q4_1,Q4_1-i8,Q8_0,Q8_0-i8
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ def random_raw(fmt: str, out: int, inp: int, rng: np.random.Generator) -> np.nda
 
 
 def weight_bytes(fmt: str, out: int, inp: int) -> int:
+    fmt = fmt.removesuffix("-i8")
     if fmt == "BF16":
         return out * inp * 2
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]]
@@ -58,8 +62,11 @@ def make_packs(fmt: str, out: int, inp: int, working_set: int, rng) -> list[torc
     copies = max(1, -(-working_set // weight_bytes(fmt, out, inp)))
     if fmt == "BF16":
         return [kernels.pack((torch.randn(out, inp) * 0.02).bfloat16()) for _ in range(copies)]
-    qtype = int(gguf.GGMLQuantizationType[fmt])
-    raw = torch.from_numpy(random_raw(fmt, out, inp, rng))
+    base = fmt.removesuffix("-i8")
+    qtype = int(gguf.GGMLQuantizationType[base])
+    raw = torch.from_numpy(random_raw(base, out, inp, rng))
+    if fmt.endswith("-i8"):
+        return [kernels.pack_quant_i8([(raw, qtype, out)], inp) for _ in range(copies)]
     return [kernels.pack_quant(raw, qtype, out, inp) for _ in range(copies)]
 
 
@@ -127,10 +134,10 @@ def main() -> None:
         for matrix, out, inp in SHAPES[model]:
             # A K-quant needs in % 256 == 0 (ggml then stores such a tensor in another type).
             fits = [f for f in formats if f == "BF16" or inp % gguf.GGML_QUANT_SIZES[
-                gguf.GGMLQuantizationType[f]][0] == 0]
+                gguf.GGMLQuantizationType[f.removesuffix("-i8")]][0] == 0]
             packs = {fmt: make_packs(fmt, out, inp, args.working_set, rng) for fmt in fits}
             if args.buffered:
-                fits += [f + "/buf" for f in fits if f != "BF16"]
+                fits += [f + "/buf" for f in fits if f != "BF16" and not f.endswith("-i8")]
                 packs.update({f: packs[f[:-4]] for f in fits if f.endswith("/buf")})
             xs = {n: torch.randn(n, inp).bfloat16() for n in rows}
             samples = {(fmt, n): [] for fmt in fits for n in rows}

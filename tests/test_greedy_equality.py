@@ -51,17 +51,25 @@ def tiny_quant(tiny_gguf):
 
 
 @pytest.fixture(scope="module")
+def tiny_quant_i8(tiny_gguf):
+    """The same blocks on the kernels' integer path (--weights quant-i8)."""
+    if not _quant_ready() or int(Q.Q4_0) not in kernels.quant_i8_types():
+        pytest.skip("verispec's kernels have no integer path on this CPU")
+    return native_from_gguf(tiny_gguf, torch.bfloat16, quant=True, int8=True)
+
+
+@pytest.fixture(scope="module")
 def tiny_dense_bf16(tiny_gguf):
     """The GGUF's values as a dense bf16 checkpoint (the --weights dense path)."""
     return NativeLlama.from_dir(tiny_gguf.parent / "ref", torch.bfloat16)
 
 
-@pytest.fixture(scope="module", params=["hf", "native", "quant"])
+@pytest.fixture(scope="module", params=["hf", "native", "quant", "quant-i8"])
 def target(request, tiny, tiny_native):
-    """The same tiny weights on each backend, and a tiny GGUF run quantized:
-    every suite below runs on all three."""
-    if request.param == "quant":
-        return request.getfixturevalue("tiny_quant")
+    """The same tiny weights on each backend, and a tiny GGUF run quantized, on
+    the bf16 and the integer path: every suite below runs on all four."""
+    if request.param in ("quant", "quant-i8"):
+        return request.getfixturevalue("tiny_" + request.param.replace("-", "_"))
     return tiny if request.param == "hf" else tiny_native
 
 
@@ -95,7 +103,18 @@ def reference_hf_greedy(model: HFModel, prompt: list[int], n: int) -> list[int]:
 
 def test_plain_loop_matches_transformers_generate(engine, target, tiny, request):
     """An independent reference for the plain loop: transformers' generate, or
-    for the quantized GGUF, the same values as a dense bf16 checkpoint."""
+    for the quantized GGUF, the same values as a dense bf16 checkpoint. The
+    integer path's logits are its own (tests/test_quant_i8.py holds its kernel to
+    a reference), so there the loop is held to greedy over full-prefix forwards,
+    each into a fresh cache: no cache reuse, no incremental step."""
+    if getattr(target, "weights_kind", "dense") == "quant-i8":
+        for prompt in PROMPTS:
+            ids = list(prompt)
+            for _ in range(32):
+                logits = target.forward(torch.tensor(ids), target.new_cache(128)).logits
+                ids.append(int(logits[-1].argmax()))
+            assert plain(engine, prompt).token_ids == ids[len(prompt):]
+        return
     if getattr(target, "weights_kind", "dense") == "quant":
         dense = Engine(request.getfixturevalue("tiny_dense_bf16"))
         for prompt in PROMPTS:

@@ -8,8 +8,9 @@ import threading
 import time
 
 import pytest
+import torch
 
-from conftest import CharTokenizer, tiny_engine
+from conftest import VOCAB, CharTokenizer, tiny_engine
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.economics import CostModel
 from verispec.proposers.base import DraftContext
@@ -63,12 +64,29 @@ def wait_idle(scheduler: Scheduler, timeout: float = 10.0) -> None:
     gc.collect()
 
 
-@pytest.fixture(params=["hf", "native"])
+@pytest.fixture(scope="module")
+def tiny_quant_i8(tmp_path_factory):
+    """A tiny Q4_0 GGUF (Q8_0 embedding) on the kernels' integer path, whose rows
+    must stay independent of their batch as the bf16 path's do."""
+    from gguf_support import Q, TinyShape, write_tiny_gguf
+    from verispec import kernels
+    from verispec.models.native_gguf import native_from_gguf
+
+    if not kernels.available() or int(Q.Q4_0) not in kernels.quant_i8_types():
+        pytest.skip("verispec's kernels have no integer path on this CPU")
+    types = {k: Q.Q4_0 for k in ("head", "q", "k", "v", "o", "gate", "up", "down")} | {"embed": Q.Q8_0}
+    shape = TinyShape(vocab=VOCAB, hidden=64, intermediate=128, layers=4, context=512)
+    path = write_tiny_gguf(tmp_path_factory.mktemp("i8") / "tiny.gguf", types, shape, seed=7, eos=None)
+    return native_from_gguf(path, torch.bfloat16, quant=True, int8=True)
+
+
+@pytest.fixture(params=["hf", "native", "quant-i8"])
 def any_engine(request, engine):
-    """The HF backend (forward_batch loops) and the native one (rows fused per matmul)."""
+    """The HF backend (forward_batch loops), the native one (rows fused per matmul)
+    and the native one on the integer path of a quantized GGUF."""
     if request.param == "hf":
         return engine
-    native = request.getfixturevalue("tiny_native")
+    native = request.getfixturevalue("tiny_native" if request.param == "native" else "tiny_quant_i8")
     eng = Engine(native, tokenizer=CharTokenizer())
     eng._drafts["same"] = native
     return eng

@@ -113,8 +113,9 @@ class Engine:
         """`model`: a path (HF directory or .gguf), "default", or a TargetModel.
         `backend`: native (verispec's Llama-family forward), hf (transformers),
         or auto (native where supported). `weights` (GGUF files): quant runs the
-        file's blocks in verispec's kernels, dense dequantizes them, auto = quant
-        where the kernels build."""
+        file's blocks in verispec's kernels, quant-i8 on their integer path (int8
+        activations, as llama.cpp), dense dequantizes them, auto = quant where the
+        kernels build."""
         if isinstance(model, TargetModel):
             self.target = model
             self.tokenizer = tokenizer

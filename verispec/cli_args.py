@@ -32,10 +32,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "native", "hf"],
                    help="native = verispec's fast Llama-family forward; hf = transformers "
                         "(any model); auto = native where supported")
-    p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense"],
+    p.add_argument("--weights", default="auto", choices=["auto", "quant", "quant-i8", "dense"],
                    help="GGUF files: quant = run the file's quantized blocks in verispec's "
-                        "kernels (memory about the file's size, same logits as dense); dense = "
-                        "dequantize to bf16 once (a cached copy); auto = quant where the "
+                        "kernels (memory about the file's size, same logits as dense); "
+                        "quant-i8 = quant, with Q4_0/Q4_1/Q8_0 blocks multiplied by activations "
+                        "rounded to int8 per 32 values, as llama.cpp does (about 2x faster "
+                        "matmuls on AVX-512-VNNI; logits differ from dense by that rounding, and "
+                        "speculation stays bit-exact against plain decoding with the same flag); "
+                        "dense = dequantize to bf16 once (a cached copy); auto = quant where the "
                         "kernels build")
     p.add_argument("--batch-invariant", action="store_true",
                    help="native only: every position's logits are bit-identical whether "

@@ -41,7 +41,7 @@ class Stats:
     finish_reason: str = ""
     lossy: bool = False  # typical acceptance (SpecConfig.lossy_typical): not the model's distribution
     adaptive: bool = False  # k chosen per step (then `k` is the cap; steps hold each choice)
-    weights: str = ""  # the target's weights: "quant" (GGUF blocks in the kernels) or "dense"
+    weights: str = ""  # the target's weights: "quant" / "quant-i8" (GGUF blocks in the kernels) or "dense"
     backend: str = ""  # set where --backend auto fell back to transformers, with the reason
     steps: list[StepRecord] = field(default_factory=list)
 

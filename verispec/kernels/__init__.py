@@ -10,6 +10,9 @@ runs on AMX where the CPU and OS allow it, else on AVX-512-BF16 (`isa()`).
 takes it as it takes a dense pack and returns, bit for bit, what the dense
 path returns for the reference dequantization (gguf.quants.dequantize) rounded
 to bf16. `embedding(packed, ids)` looks rows up from such a pack.
+`pack_quant_i8` is the integer path (Q4_0, Q4_1, Q8_0): x rounded to int8 per
+32-element block as llama.cpp does, exact int32 block sums; row-invariant too,
+but its bits are not the dense path's.
 `attend(q, caches, row_cache, row_len, row_index)` is attention whose
 result for a row depends only on that row's query and visible keys (see
 attention.cpp). `available()` says whether the kernel can be used; when it is False callers
@@ -20,6 +23,8 @@ from __future__ import annotations
 import threading
 
 import torch
+
+from .build import cpu_flags
 
 _lock = threading.Lock()
 _module = None
@@ -106,6 +111,29 @@ def pack_quant_cat(parts: list[tuple[torch.Tensor, int, int]], in_features: int)
     raws = [raw.reshape(-1).view(torch.uint8).contiguous() for raw, _, _ in parts]
     return _require().pack_quant(raws, [int(t) for _, t, _ in parts], [int(o) for _, _, o in parts],
                                  int(in_features))
+
+
+def quant_i8_types() -> frozenset[int]:
+    """The ggml type ids with an integer path (pack_quant_cat(..., int8=True))."""
+    if "avx512_vnni" not in cpu_flags():
+        return frozenset()
+    return frozenset(_require().quant_i8_types())
+
+
+def pack_quant_i8(parts: list[tuple[torch.Tensor, int, int]], in_features: int) -> torch.Tensor:
+    """pack_quant_cat's parts for the integer path: linear() then rounds each row of x
+    to int8 per 32-element block (llama.cpp's Q8 activations) and sums each block's
+    products exactly in int32 (AVX-512-VNNI). Faster than the bf16 path, and as
+    row-invariant, but its logits differ from it by that rounding. Q4_0, Q4_1, Q8_0."""
+    have = quant_i8_types()
+    for _, ggml_type, _ in parts:
+        if int(ggml_type) not in have:
+            name = GGML_TYPE_NAMES.get(int(ggml_type), f"type {int(ggml_type)}")
+            raise ValueError(f"no integer kernel for ggml {name} (have: "
+                             f"{', '.join(GGML_TYPE_NAMES[t] for t in sorted(have)) or 'none on this CPU'})")
+    raws = [raw.reshape(-1).view(torch.uint8).contiguous() for raw, _, _ in parts]
+    return _require().pack_quant_i8(raws, [int(t) for _, t, _ in parts], [int(o) for _, _, o in parts],
+                                    int(in_features))
 
 
 def is_quantized(packed: torch.Tensor) -> bool:

@@ -11,6 +11,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_quant", &pack_quant, "repack GGUF block rows (several tensors stacked on out) for the matmul",
         py::arg("raws"), py::arg("types"), py::arg("outs"), py::arg("in_features"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("pack_quant_i8", &pack_quant_i8, "repack GGUF block rows for the integer (int8-activation) matmul",
+        py::arg("raws"), py::arg("types"), py::arg("outs"), py::arg("in_features"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("quant_i8_types", &quant_i8_types, "ggml type ids pack_quant_i8 supports");
   m.def("embedding", &embedding, "bf16 rows of a quantized pack", py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());
   m.def("quant_types", &quant_types, "ggml type ids pack_quant supports");

@@ -194,6 +194,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
   TORCH_CHECK(vs::isa() != vs::Isa::none, "linear: kernels not initialised (init() first)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear: bf16 x [n, in]");
   const int64_t n = x.size(0), in = x.size(1);
+  if (vs::is_i8_pack(packed)) {
+    int64_t q_out, q_in;
+    vs::i8_shape(packed, &q_out, &q_in);
+    TORCH_CHECK(q_out == out && q_in == in, "linear: shapes do not match the quantized weight (",
+                q_out, " x ", q_in, ")");
+    return vs::linear_i8(x, packed, bias);
+  }
   const bool quant = vs::is_quant_pack(packed);
   int64_t groups, k_tiles;
   if (quant) {

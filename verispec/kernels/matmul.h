@@ -74,4 +74,11 @@ constexpr int64_t fused_rows_for_block(int64_t block) { return block == 256 ? kF
 int64_t quant_fused_limit(const at::Tensor& packed);  // set once by pack_quant
 void matmul_quant_fused(const MatmulArgs& args, const at::Tensor& packed);
 
+// The integer path's packs (quant_i8.cpp, --weights quant-i8): x rounded to int8
+// per 32-block, exact int32 block sums; row-invariant, but not the bf16 path's bits.
+bool is_i8_pack(const at::Tensor& packed);
+void i8_shape(const at::Tensor& packed, int64_t* out, int64_t* in);
+at::Tensor linear_i8(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
+at::Tensor embedding_i8(const at::Tensor& packed, const at::Tensor& ids);
+
 }  // namespace vs

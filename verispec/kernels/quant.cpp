@@ -173,6 +173,8 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
 }
 
 at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
+  TORCH_CHECK(ids_in.scalar_type() == at::kLong, "embedding: ids must be int64");
+  if (vs::is_i8_pack(packed)) return vs::embedding_i8(packed, ids_in);
   TORCH_CHECK(vs::is_quant_pack(packed), "embedding: the weight must come from pack_quant()");
   TORCH_CHECK(ids_in.scalar_type() == at::kLong, "embedding: ids must be int64");
   const at::Tensor ids = ids_in.contiguous();
@@ -202,8 +204,12 @@ at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
 }
 
 std::vector<int64_t> quant_pack_shape(const at::Tensor& packed) {
-  TORCH_CHECK(vs::is_quant_pack(packed), "quant_shape: the weight must come from pack_quant()");
   int64_t out, in;
+  if (vs::is_i8_pack(packed)) {
+    vs::i8_shape(packed, &out, &in);
+    return {out, in};
+  }
+  TORCH_CHECK(vs::is_quant_pack(packed), "quant_shape: the weight must come from pack_quant()");
   vs::quant_shape(packed, &out, &in);
   return {out, in};
 }

@@ -124,6 +124,6 @@ def load_gemma_gguf(b, spec) -> tuple[ModelWeights, list[GemmaNorms]]:
                                 norm(p + "post_ffw_norm.weight", hidden)))
     weights = ModelWeights(embedding=embed, layers=layers, norm=norm("output_norm.weight", hidden),
                            lm_head=head, fingerprint_parts=b.parts,
-                           weights_kind="quant" if b.quant else "dense", source=Path(b.gf.path))
+                           weights_kind=b.kind, source=Path(b.gf.path))
     return weights, norms
 

@@ -104,9 +104,13 @@ class _Builder:
     samples and the formats that fell back to dense."""
 
     def __init__(self, gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, int8: bool = False) -> None:
         self.gf, self.spec, self.quant, self.dtype, self.device = gf, spec, quant, dtype, device
         self.kernel_types = set(kernels.quant_types()) if quant else set()
+        # int8: the formats with an integer path take it (pack_quant_i8); the rest,
+        # and stacks mixing them with others, keep the bf16 path.
+        self.i8_types = set(kernels.quant_i8_types()) if quant and int8 else set()
+        self.kind = "dense" if not quant else "quant-i8" if int8 else "quant"
         self.permuted = spec.model_type in _PERMUTED
         self.parts: list[tuple[str, int | None, bytes]] = []
         self.fallback: Counter[str] = Counter()
@@ -207,10 +211,11 @@ class _Builder:
         kinds = [info.ggml_type for info in infos]
         if len(set(kinds)) == 1:
             raw = np.concatenate(raws) if len(raws) > 1 else raws[0].copy()  # off the mapped file
-            packed = kernels.pack_quant(torch.from_numpy(raw), kinds[0], sum(rows), cols)
+            parts = [(torch.from_numpy(raw), kinds[0], sum(rows))]
         else:
-            packed = kernels.pack_quant_cat([(torch.from_numpy(raw.copy()), kind, r)
-                                             for raw, kind, r in zip(raws, kinds, rows)], cols)
+            parts = [(torch.from_numpy(raw.copy()), kind, r) for raw, kind, r in zip(raws, kinds, rows)]
+        pack = kernels.pack_quant_i8 if set(kinds) <= self.i8_types else kernels.pack_quant_cat
+        packed = pack(parts, cols)
         for n in names:
             self.gf.release(n)
         fmt = "+".join(dict.fromkeys(info.type_name for info in infos))
@@ -224,7 +229,10 @@ class _Builder:
         if self.quantizable(name):
             raw = self.gf.raw(name).copy()
             self.record_sample(name, raw, info.ggml_type, (vocab, hidden))
-            packed = kernels.pack_quant(torch.from_numpy(raw), info.ggml_type, vocab, hidden)
+            if info.ggml_type in self.i8_types:
+                packed = kernels.pack_quant_i8([(torch.from_numpy(raw), info.ggml_type, vocab)], hidden)
+            else:
+                packed = kernels.pack_quant(torch.from_numpy(raw), info.ggml_type, vocab, hidden)
             self.gf.release(name)
             embed = Embedding(packed=packed, shape=(vocab, hidden), fmt=info.type_name)
             head = Linear.from_pack(packed, vocab, hidden, None, info.type_name) if tied else None
@@ -273,11 +281,12 @@ def _check_quant(quant: bool, dtype: torch.dtype, device: torch.device) -> None:
 
 
 def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.dtype,
-                      device: torch.device, quiet: bool = False) -> ModelWeights:
+                      device: torch.device, quiet: bool = False, int8: bool = False) -> ModelWeights:
     """The native weights of `gf`. quant=True packs quantized tensors for the
-    kernels (bf16 on CPU only); quant=False dequantizes every tensor to `dtype`."""
+    kernels (bf16 on CPU only); quant=False dequantizes every tensor to `dtype`.
+    int8 (with quant): Q4_0, Q4_1 and Q8_0 take the kernels' integer path."""
     _check_quant(quant, dtype, device)
-    b = _Builder(gf, spec, quant, dtype, device)
+    b = _Builder(gf, spec, quant, dtype, device, int8)
     names = layer_names(gf.metadata.get("general.architecture"))
     heads, kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
     qkv_rows = [heads * hd, kv * hd, kv * hd]
@@ -308,7 +317,7 @@ def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.d
     if not quiet:
         b.note()
     return ModelWeights(embedding=embed, layers=layers, norm=norm, lm_head=head,
-                        fingerprint_parts=b.parts, weights_kind="quant" if quant else "dense",
+                        fingerprint_parts=b.parts, weights_kind=b.kind,
                         source=Path(gf.path))
 
 
@@ -328,7 +337,7 @@ class GGUFModel:
 
 
 def read_gguf(source: "str | Path | GGUFFile", dtype: torch.dtype, device: torch.device,
-              quant: bool, quiet: bool = False) -> GGUFModel:
+              quant: bool, quiet: bool = False, int8: bool = False) -> GGUFModel:
     """Config, weights and EOS ids of a GGUF file (a path or an open GGUFFile)."""
     gf = source if isinstance(source, GGUFFile) else GGUFFile(source)
     config = hf_config(gf)
@@ -336,10 +345,10 @@ def read_gguf(source: "str | Path | GGUFFile", dtype: torch.dtype, device: torch
     eos = config.get("eos_token_id")
     eos_ids = frozenset([] if eos is None else [int(eos)])
     if gemma is None:
-        weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet)
+        weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet, int8=int8)
         return GGUFModel(gf.path, spec, weights, eos_ids)
     _check_quant(quant, dtype, device)
-    b = _Builder(gf, spec, quant, dtype, device)
+    b = _Builder(gf, spec, quant, dtype, device, int8)
     weights, norms = load_gemma_gguf(b, spec)
     if not quiet:
         b.note()

@@ -114,7 +114,8 @@ class NativeLlama(BatchedRows, TargetModel):
 
     @property
     def weights_kind(self) -> str:
-        """"quant" when GGUF blocks run in the kernels, else "dense"."""
+        """"quant" when GGUF blocks run in the kernels ("quant-i8" on their integer
+        path), else "dense"."""
         return self.weights.weights_kind
 
     @staticmethod

@@ -55,7 +55,7 @@ class Linear:
     @classmethod
     def from_pack(cls, packed: torch.Tensor, out_features: int, in_features: int,
                   bias: torch.Tensor | None, fmt: str) -> "Linear":
-        """A Linear over a weight already packed by the kernels (kernels.pack_quant)."""
+        """A Linear over a weight already packed by the kernels (pack_quant, pack_quant_i8)."""
         lin = cls.__new__(cls)
         lin.out_features, lin.in_features = out_features, in_features
         lin.bias, lin.kernel, lin.packed, lin.weight, lin.format = bias, True, False, packed, fmt
@@ -149,7 +149,7 @@ class ModelWeights:
     # (checkpoint key, layer index or None, digest input) for weights_fingerprint;
     # kept instead of the unfused tensors, which are freed after fusing.
     fingerprint_parts: list[tuple[str, int | None, bytes]]
-    weights_kind: str = "dense"  # "dense" or "quant" (GGUF blocks in the kernels)
+    weights_kind: str = "dense"  # "dense", "quant" (GGUF blocks in the kernels) or "quant-i8"
     source: "Path | None" = None  # where the weights were read, for a quantized self-draft
 
     @property

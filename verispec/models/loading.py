@@ -191,7 +191,7 @@ def load_hf(source: str | None, dtype: str | torch.dtype | None = None,
 
 
 BACKENDS = ("auto", "native", "hf")
-WEIGHTS = ("auto", "quant", "dense")
+WEIGHTS = ("auto", "quant", "quant-i8", "dense")
 
 
 @dataclass
@@ -199,7 +199,7 @@ class LoadedTarget:
     target: "object"  # a TargetModel
     tokenizer: "object | None"
     backend: str  # the backend actually used: "native" or "hf"
-    weights: str = "dense"  # "quant": GGUF blocks in the kernels; "dense": bf16/fp32 matrices
+    weights: str = "dense"  # "quant" / "quant-i8": GGUF blocks in the kernels; "dense": bf16/fp32
     backend_note: str = ""  # why --backend auto ran transformers, for the stats line
 
 
@@ -249,7 +249,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
                 batch_invariant: bool) -> LoadedTarget | None:
     """The GGUF file in its blocks on the kernels, or None where weights="auto"
     cannot have that (no kernels, not bf16 on CPU, an architecture the native
-    backend lacks); weights="quant" then raises the reason instead."""
+    backend lacks); weights="quant" or "quant-i8" then raises the reason instead."""
     from .. import kernels
     from .gguf_file import GGUFError, GGUFFile
     from .gguf_arch import parse_arch
@@ -266,6 +266,8 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         reason = f"quantized weights run in bf16 on CPU, not {torch_dtype} on {dev}"
     elif not kernels.available():
         reason = "verispec's CPU kernels are off on this machine (see the warning above)"
+    elif weights == "quant-i8" and not kernels.quant_i8_types():
+        reason = "the integer path needs AVX-512-VNNI, which this CPU lacks"
     else:
         try:
             parse_arch(hf_config(gf))
@@ -274,14 +276,15 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         except ValueError as exc:  # an architecture the native backend lacks
             reason = str(exc)
     if reason is not None:
-        if weights == "quant":
-            raise ValueError(f"--weights quant: {reason}; use --weights dense")
+        if weights != "auto":
+            raise ValueError(f"--weights {weights}: {reason}; use --weights dense")
         return None
-    target = native_from_gguf(gf, torch_dtype, dev, quant=True,
-                                   batch_invariant=batch_invariant)
+    int8 = weights == "quant-i8"
+    target = native_from_gguf(gf, torch_dtype, dev, quant=True, batch_invariant=batch_invariant,
+                              int8=int8)
     tokenizer = gguf_tokenizer(gguf, metadata=gf.metadata)
     del gf  # the packs hold the weights; the file's pages can go
-    return LoadedTarget(target, tokenizer, "native", "quant")
+    return LoadedTarget(target, tokenizer, "native", "quant-i8" if int8 else "quant")
 
 
 def _load_gguf_dense(gguf: Path, dtype, device, batch_invariant: bool) -> LoadedTarget | None:
@@ -328,8 +331,8 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
     gguf = gguf_source(source)
-    if weights == "quant" and gguf is None:
-        raise ValueError(f"--weights quant needs a GGUF file; {source} is not one")
+    if weights in ("quant", "quant-i8") and gguf is None:
+        raise ValueError(f"--weights {weights} needs a GGUF file; {source} is not one")
     if gguf is not None and weights != "dense":
         loaded = _load_quant(gguf, weights, backend, dtype, device, batch_invariant)
         if loaded is not None:

@@ -15,11 +15,14 @@ from .llama import DEFAULT_CACHE_LIMIT, NativeLlama
 
 def native_from_gguf(path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
                      quant: bool = True, batch_invariant: bool = False,
-                     cache_limit: int = DEFAULT_CACHE_LIMIT, quiet: bool = False) -> NativeLlama:
+                     cache_limit: int = DEFAULT_CACHE_LIMIT, quiet: bool = False,
+                     int8: bool = False) -> NativeLlama:
     """A target from a GGUF file (a path or an open GGUFFile): quant=True keeps the
-    weights in their blocks for the kernels, quant=False dequantizes them to `dtype`."""
+    weights in their blocks for the kernels, quant=False dequantizes them to `dtype`;
+    int8=True (with quant) multiplies Q4_0 / Q4_1 / Q8_0 blocks by int8-rounded
+    activations (kernels.pack_quant_i8)."""
     device = torch.device(device)
-    model = read_gguf(path, dtype, device, quant, quiet)
+    model = read_gguf(path, dtype, device, quant, quiet, int8)
     name = f"native:{model.path.stem}"
     if model.gemma is not None:
         return NativeGemma(model.spec, model.gemma, model.weights, model.norms, dtype, device,
