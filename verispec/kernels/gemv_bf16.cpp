@@ -194,18 +194,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
   TORCH_CHECK(vs::isa() != vs::Isa::none, "linear: kernels not initialised (init() first)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear: bf16 x [n, in]");
   const int64_t n = x.size(0), in = x.size(1);
-  if (vs::is_i8_pack(packed)) {
-    int64_t q_out, q_in;
-    vs::i8_shape(packed, &q_out, &q_in);
-    TORCH_CHECK(q_out == out && q_in == in, "linear: shapes do not match the quantized weight (",
-                q_out, " x ", q_in, ")");
-    return vs::linear_i8(x, packed, bias);
-  }
-  const bool quant = vs::is_quant_pack(packed);
+  const bool i8 = vs::is_i8_pack(packed), quant = !i8 && vs::is_quant_pack(packed);
   int64_t groups, k_tiles;
-  if (quant) {
+  if (i8 || quant) {
     int64_t q_out, q_in;
-    vs::quant_shape(packed, &q_out, &q_in);
+    (i8 ? vs::i8_shape : vs::quant_shape)(packed, &q_out, &q_in);
     TORCH_CHECK(q_out == out && q_in == in, "linear: shapes do not match the quantized weight (",
                 q_out, " x ", q_in, ")");
     groups = (out + kGroupOut - 1) / kGroupOut;
@@ -226,6 +219,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
   }
   at::Tensor y = at::empty({n, out}, x.options());
   if (n == 0 || out == 0) return y;
+  if (i8) {
+    vs::matmul_i8(x, packed, bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, y);
+    return y;
+  }
   // x as zero-padded 16-row chunks, [chunks * 16, k_tiles * 32]: whole A tiles.
   const int64_t chunks = (n + kTileRows - 1) / kTileRows, ldx = k_tiles * kTileK;
   std::vector<uint16_t> xa(chunks * kTileRows * ldx, 0);

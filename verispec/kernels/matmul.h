@@ -78,7 +78,9 @@ void matmul_quant_fused(const MatmulArgs& args, const at::Tensor& packed);
 // per 32-block, exact int32 block sums; row-invariant, but not the bf16 path's bits.
 bool is_i8_pack(const at::Tensor& packed);
 void i8_shape(const at::Tensor& packed, int64_t* out, int64_t* in);
-at::Tensor linear_i8(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
-at::Tensor embedding_i8(const at::Tensor& packed, const at::Tensor& ids);
+// y [n, out] = x [n, in] (bf16) times an i8 pack, + bias [out] where not null.
+void matmul_i8(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& y);
+// Rows id[0..n) of an i8 pack (ids the caller checked), in bf16, into yp [n, in].
+void embedding_i8(const at::Tensor& packed, const int64_t* id, int64_t n, at::BFloat16* yp);
 
 }  // namespace vs

@@ -2,11 +2,8 @@
 // dequantized chunk by chunk into the dense packed layout inside the matmul,
 // so a quantized product runs the dense product's exact per-element sequence.
 //
-// A pack is one uint8 tensor: a header, a per-group table (format, byte offset),
-// then each 64-output group's tile blocks, [block along k][4 tiles]. Several
-// tensors of one in_features may share a pack (fused q/k/v, gate/up), each with
-// its own format, when all but the last have a multiple of 64 rows: a group
-// then never straddles two of them.
+// A pack is one uint8 tensor laid out as quant_stack.h says: several tensors of
+// one in_features may share it (fused q/k/v, gate/up), each in its own format.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -19,6 +16,7 @@
 #include "kernels.h"
 #include "matmul.h"
 #include "quant_formats.h"
+#include "quant_stack.h"
 
 namespace vs {
 namespace {
@@ -29,19 +27,8 @@ struct Header {
   int64_t magic, out, in, groups, k_tiles, data_offset, fused_rows, reserved;
 };
 
-struct View {
-  const Header* head;
-  const int64_t* type;  // [groups]
-  const int64_t* offset;  // [groups], bytes from data start
-  const uint8_t* data;
-};
-
-View view(const at::Tensor& packed) {
-  const uint8_t* base = packed.data_ptr<uint8_t>();
-  const auto* head = reinterpret_cast<const Header*>(base);
-  const auto* table = reinterpret_cast<const int64_t*>(base + sizeof(Header));
-  return View{head, table, table + head->groups, base + head->data_offset};
-}
+using View = StackView<Header>;
+View view(const at::Tensor& packed) { return stack_view<Header>(packed); }
 
 std::string supported() {
   int64_t count;
@@ -72,16 +59,11 @@ void dequant_blocks(const View& v, int64_t g, int j0, int j1, int64_t b0, int64_
 
 }  // namespace
 
-bool is_quant_pack(const at::Tensor& packed) {
-  return packed.scalar_type() == at::kByte && packed.dim() == 1 && packed.is_contiguous() &&
-         packed.numel() >= static_cast<int64_t>(sizeof(Header)) &&
-         reinterpret_cast<const Header*>(packed.data_ptr<uint8_t>())->magic == kMagic;
-}
+bool is_quant_pack(const at::Tensor& packed) { return is_stack<Header>(packed, kMagic); }
 
 void quant_shape(const at::Tensor& packed, int64_t* out, int64_t* in) {
-  const View v = view(packed);
-  *out = v.head->out;
-  *in = v.head->in;
+  *out = view(packed).head->out;
+  *in = view(packed).head->in;
 }
 
 int64_t quant_fused_limit(const at::Tensor& packed) { return view(packed).head->fused_rows; }
@@ -109,52 +91,63 @@ using vs::kTileK;
 
 at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
                       const std::vector<int64_t>& outs, int64_t in) {
-  TORCH_CHECK(!raws.empty() && raws.size() == types.size() && raws.size() == outs.size(),
-              "pack_quant: one ggml type and out_features per raw tensor");
-  const size_t parts = raws.size();
-  std::vector<const vs::quant::Format*> fmt(parts);
-  std::vector<int64_t> start(parts + 1, 0);
-  for (size_t s = 0; s < parts; ++s) {
-    fmt[s] = vs::quant::find(types[s]);
-    TORCH_CHECK(fmt[s], "pack_quant: ggml type ", types[s], " has no kernel (supported: ", vs::supported(), ")");
-    TORCH_CHECK(in > 0 && in % fmt[s]->block == 0, "pack_quant: in_features ", in, " is not a multiple of ",
-                fmt[s]->name, "'s block of ", fmt[s]->block);
-    const int64_t want = outs[s] * (in / fmt[s]->block) * fmt[s]->raw_bytes;
+  std::vector<vs::StackPart> parts;
+  int64_t fused_rows = vs::kFusedRows;
+  for (int64_t type : types) {
+    const vs::quant::Format* f = vs::quant::find(type);
+    TORCH_CHECK(f, "pack_quant: ggml type ", type, " has no kernel (supported: ", vs::supported(), ")");
+    parts.push_back({f->name, f->type, f->block, f->raw_bytes, f->tile_bytes, f->repack});
+    fused_rows = std::min(fused_rows, vs::fused_rows_for_block(f->block));
+  }
+  vs::Stacked st = vs::pack_stack("pack_quant", raws, parts, outs, in, sizeof(vs::Header));
+  const vs::Header head{vs::kMagic, st.out, in, st.groups, in / kTileK, st.data_offset, fused_rows, 0};
+  std::memcpy(st.packed.data_ptr<uint8_t>(), &head, sizeof(head));
+  return st.packed;
+}
+
+namespace vs {
+
+Stacked pack_stack(const char* who, const std::vector<at::Tensor>& raws, const std::vector<StackPart>& parts,
+                   const std::vector<int64_t>& outs, int64_t in, size_t header_bytes) {
+  const size_t count = parts.size();
+  TORCH_CHECK(count > 0 && raws.size() == count && outs.size() == count,
+              who, ": one ggml type and out_features per raw tensor");
+  std::vector<int64_t> start(count + 1, 0);
+  for (size_t s = 0; s < count; ++s) {
+    const StackPart& f = parts[s];
+    TORCH_CHECK(in > 0 && in % f.block == 0, who, ": in_features ", in, " is not a multiple of ", f.name,
+                "'s block of ", f.block);
+    const int64_t want = outs[s] * (in / f.block) * f.raw_bytes;
     TORCH_CHECK(raws[s].scalar_type() == at::kByte && raws[s].is_contiguous() && raws[s].numel() == want,
-                "pack_quant: ", fmt[s]->name, " [", outs[s], ", ", in, "] needs ", want,
-                " contiguous uint8 bytes, got ", raws[s].numel());
-    TORCH_CHECK(outs[s] > 0 && (s + 1 == parts || outs[s] % kGroupOut == 0),
-                "pack_quant: every tensor but the last needs a multiple of 64 rows (pack it alone)");
+                who, ": ", f.name, " [", outs[s], ", ", in, "] needs ", want, " contiguous uint8 bytes, got ",
+                raws[s].numel());
+    TORCH_CHECK(outs[s] > 0 && (s + 1 == count || outs[s] % kGroupOut == 0),
+                who, ": every tensor but the last needs a multiple of 64 rows (pack it alone)");
     start[s + 1] = start[s] + outs[s];
   }
-  const int64_t out = start[parts], groups = (out + kGroupOut - 1) / kGroupOut;
+  const int64_t out = start[count], groups = (out + kGroupOut - 1) / kGroupOut;
   std::vector<int64_t> part_of(groups), offset(groups);
   int64_t bytes = 0;
   for (int64_t g = 0; g < groups; ++g) {
     part_of[g] = std::upper_bound(start.begin(), start.end(), g * kGroupOut) - start.begin() - 1;
-    const vs::quant::Format* f = fmt[part_of[g]];
     offset[g] = bytes;
-    bytes += (in / f->block) * kGroupTiles * f->tile_bytes;
+    bytes += (in / parts[part_of[g]].block) * kGroupTiles * parts[part_of[g]].tile_bytes;
   }
-  const int64_t data_offset = (sizeof(vs::Header) + 16 * groups + 63) / 64 * 64;
+  const int64_t data_offset = (static_cast<int64_t>(header_bytes) + 16 * groups + 63) / 64 * 64;
   at::Tensor packed = at::empty({data_offset + bytes}, at::TensorOptions().dtype(at::kByte));
   uint8_t* base = packed.data_ptr<uint8_t>();
   std::memset(base, 0, data_offset);
-  int64_t fused_rows = vs::kFusedRows;
-  for (const vs::quant::Format* f : fmt) fused_rows = std::min(fused_rows, vs::fused_rows_for_block(f->block));
-  vs::Header head{vs::kMagic, out, in, groups, in / kTileK, data_offset, fused_rows, 0};
-  std::memcpy(base, &head, sizeof(head));
-  auto* table = reinterpret_cast<int64_t*>(base + sizeof(vs::Header));
+  auto* table = reinterpret_cast<int64_t*>(base + header_bytes);
   for (int64_t g = 0; g < groups; ++g) {
-    table[g] = fmt[part_of[g]]->type;
+    table[g] = parts[part_of[g]].type;
     table[groups + g] = offset[g];
   }
   static const uint8_t zeros[256] = {};  // a padding output's block: all scales 0
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t s = part_of[g];
-      const vs::quant::Format* f = fmt[s];
-      const int64_t blocks = in / f->block, row_bytes = blocks * f->raw_bytes;
+      const StackPart& f = parts[s];
+      const int64_t blocks = in / f.block, row_bytes = blocks * f.raw_bytes;
       const uint8_t* raw = raws[s].data_ptr<uint8_t>();
       uint8_t* dst = base + data_offset + offset[g];
       for (int64_t b = 0; b < blocks; ++b) {
@@ -162,24 +155,26 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
           const uint8_t* rows[16];
           for (int i = 0; i < 16; ++i) {
             const int64_t o = g * kGroupOut + j * 16 + i;
-            rows[i] = o < start[s + 1] ? raw + (o - start[s]) * row_bytes + b * f->raw_bytes : zeros;
+            rows[i] = o < start[s + 1] ? raw + (o - start[s]) * row_bytes + b * f.raw_bytes : zeros;
           }
-          f->repack(rows, dst + (b * kGroupTiles + j) * f->tile_bytes);
+          f.repack(rows, dst + (b * kGroupTiles + j) * f.tile_bytes);
         }
       }
     }
   });
-  return packed;
+  return Stacked{packed, out, groups, data_offset};
 }
 
+}  // namespace vs
+
 at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
-  TORCH_CHECK(ids_in.scalar_type() == at::kLong, "embedding: ids must be int64");
-  if (vs::is_i8_pack(packed)) return vs::embedding_i8(packed, ids_in);
-  TORCH_CHECK(vs::is_quant_pack(packed), "embedding: the weight must come from pack_quant()");
+  const bool i8 = vs::is_i8_pack(packed);
+  TORCH_CHECK(i8 || vs::is_quant_pack(packed), "embedding: the weight must come from pack_quant()");
   TORCH_CHECK(ids_in.scalar_type() == at::kLong, "embedding: ids must be int64");
   const at::Tensor ids = ids_in.contiguous();
-  const vs::View v = vs::view(packed);
-  const int64_t n = ids.numel(), in = v.head->in, out = v.head->out, k_tiles = v.head->k_tiles;
+  int64_t out, in;
+  (i8 ? vs::i8_shape : vs::quant_shape)(packed, &out, &in);
+  const int64_t n = ids.numel();
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t r = 0; r < n; ++r) {
     TORCH_CHECK(id[r] >= 0 && id[r] < out, "embedding: id ", id[r], " out of range [0, ", out, ")");
@@ -188,6 +183,12 @@ at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
   shape.push_back(in);
   at::Tensor y = at::empty(shape, at::TensorOptions().dtype(at::kBFloat16));
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  if (i8) {
+    vs::embedding_i8(packed, id, n, y.data_ptr<at::BFloat16>());
+    return y;
+  }
+  const vs::View v = vs::view(packed);
+  const int64_t k_tiles = v.head->k_tiles;
   at::parallel_for(0, n, 8, [&](int64_t r0, int64_t r1) {
     std::vector<uint16_t> buf(k_tiles * vs::kStepElems);
     for (int64_t r = r0; r < r1; ++r) {

@@ -13,8 +13,7 @@
 // on this path is bit-exact against plain decoding on it. The logits differ from
 // the bf16 path's by the activations' rounding (docs/quant_kernels.md).
 //
-// Pack: a header, a per-group table (format, byte offset), then each 64-output
-// group's tile blocks, [block][4 tiles]. A tile block holds 16 outputs x one
+// Pack: laid out as quant_stack.h says. A tile block holds 16 outputs x one
 // 32-weight block: the fp16 scales d[16] (and Q4_1's m[16]), then the quants as
 // unsigned bytes in VPDPBUSD's order: 64-byte step c holds, at byte 4o + j, output
 // o's quant at k = 4c + j. The 4-bit formats store steps c and c + 4 in one step's
@@ -33,6 +32,7 @@
 
 #include "kernels.h"
 #include "matmul.h"
+#include "quant_stack.h"
 
 // VPDPBUSD for this file only: the module still loads on a CPU without VNNI, and
 // kernels.quant_i8_types() is empty there, so nothing calls into this code.
@@ -104,19 +104,8 @@ void repack_tile(const FormatI8& f, const uint8_t* const* rows, uint8_t* dst) {
   }
 }
 
-struct View {
-  const HeaderI8* head;
-  const int64_t* type;
-  const int64_t* offset;
-  const uint8_t* data;
-};
-
-View view(const at::Tensor& packed) {
-  const uint8_t* base = packed.data_ptr<uint8_t>();
-  const auto* head = reinterpret_cast<const HeaderI8*>(base);
-  const auto* table = reinterpret_cast<const int64_t*>(base + sizeof(HeaderI8));
-  return View{head, table, table + head->groups, base + head->data_offset};
-}
+using View = StackView<HeaderI8>;
+View view(const at::Tensor& packed) { return stack_view<HeaderI8>(packed); }
 
 // x's rows as int8 blocks: q = round_even(x / dx), dx = max|x| / 127 (0 for a zero
 // block); sx = sum(q) (the zero point's and the minimum's term), xs = dx * sx.
@@ -263,33 +252,19 @@ void group_any(int64_t type, const uint8_t* gd, int64_t blocks, const QuantRows&
 
 }  // namespace
 
-bool is_i8_pack(const at::Tensor& packed) {
-  return packed.scalar_type() == at::kByte && packed.dim() == 1 && packed.is_contiguous() &&
-         packed.numel() >= static_cast<int64_t>(sizeof(HeaderI8)) &&
-         reinterpret_cast<const HeaderI8*>(packed.data_ptr<uint8_t>())->magic == kMagicI8;
-}
+bool is_i8_pack(const at::Tensor& packed) { return is_stack<HeaderI8>(packed, kMagicI8); }
 
 void i8_shape(const at::Tensor& packed, int64_t* out, int64_t* in) {
-  const View v = view(packed);
-  *out = v.head->out;
-  *in = v.head->in;
+  *out = view(packed).head->out;
+  *in = view(packed).head->in;
 }
 
-at::Tensor linear_i8(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+void matmul_i8(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& y) {
   const View v = view(packed);
   const int64_t n = x.size(0), in = v.head->in, out = v.head->out, blocks = v.head->blocks;
-  TORCH_CHECK(x.size(1) == in, "linear: x has ", x.size(1), " features, the quantized weight ", in);
-  at::Tensor bias_f;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == out, "linear: bias size mismatch");
-    bias_f = bias->to(at::kFloat).contiguous();
-  }
-  at::Tensor y = at::empty({n, out}, x.options());
-  if (n == 0 || out == 0) return y;
   const at::Tensor xc = x.contiguous();
   const QuantRows rows = quantize_rows(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), n, in);
-  const float* bias_p = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-  MatmulArgs args{nullptr, in, n, out, v.head->groups, in / kTileK, bias_p,
+  MatmulArgs args{nullptr, in, n, out, v.head->groups, in / kTileK, bias,
                   reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), 0, 0};
   // A thread's share should stream >= ~256 KiB, else wake-up costs dominate.
   const int64_t group_bytes = blocks * kGroupTiles * find_i8(v.type[0])->tile_bytes;
@@ -305,21 +280,11 @@ at::Tensor linear_i8(const at::Tensor& x, const at::Tensor& packed, const c10::o
       store_group(args, g, acc.data());
     }
   });
-  return y;
 }
 
-at::Tensor embedding_i8(const at::Tensor& packed, const at::Tensor& ids_in) {
-  const at::Tensor ids = ids_in.contiguous();
+void embedding_i8(const at::Tensor& packed, const int64_t* id, int64_t n, at::BFloat16* yp) {
   const View v = view(packed);
-  const int64_t n = ids.numel(), in = v.head->in, out = v.head->out, blocks = v.head->blocks;
-  const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t r = 0; r < n; ++r) {
-    TORCH_CHECK(id[r] >= 0 && id[r] < out, "embedding: id ", id[r], " out of range [0, ", out, ")");
-  }
-  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
-  shape.push_back(in);
-  at::Tensor y = at::empty(shape, at::TensorOptions().dtype(at::kBFloat16));
-  auto* yp = y.data_ptr<at::BFloat16>();
+  const int64_t in = v.head->in, blocks = v.head->blocks;
   const auto half = [](const uint8_t* p) {
     uint16_t bits;
     std::memcpy(&bits, p, 2);
@@ -344,7 +309,6 @@ at::Tensor embedding_i8(const at::Tensor& packed, const at::Tensor& ids_in) {
       }
     }
   });
-  return y;
 }
 
 }  // namespace vs
@@ -352,62 +316,17 @@ at::Tensor embedding_i8(const at::Tensor& packed, const at::Tensor& ids_in) {
 at::Tensor pack_quant_i8(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
                          const std::vector<int64_t>& outs, int64_t in) {
   using namespace vs;
-  TORCH_CHECK(!raws.empty() && raws.size() == types.size() && raws.size() == outs.size(),
-              "pack_quant_i8: one ggml type and out_features per raw tensor");
-  TORCH_CHECK(in > 0 && in % kBlock == 0, "pack_quant_i8: in_features ", in, " is not a multiple of 32");
-  const size_t parts = raws.size();
-  std::vector<const FormatI8*> fmt(parts);
-  std::vector<int64_t> start(parts + 1, 0);
-  const int64_t blocks = in / kBlock;
-  for (size_t s = 0; s < parts; ++s) {
-    fmt[s] = find_i8(types[s]);
-    TORCH_CHECK(fmt[s], "pack_quant_i8: ggml type ", types[s], " has no integer kernel (Q4_0, Q4_1, Q8_0)");
-    const int64_t want = outs[s] * blocks * fmt[s]->raw_bytes;
-    TORCH_CHECK(raws[s].scalar_type() == at::kByte && raws[s].is_contiguous() && raws[s].numel() == want,
-                "pack_quant_i8: ", fmt[s]->name, " [", outs[s], ", ", in, "] needs ", want,
-                " contiguous uint8 bytes, got ", raws[s].numel());
-    TORCH_CHECK(outs[s] > 0 && (s + 1 == parts || outs[s] % kGroupOut == 0),
-                "pack_quant_i8: every tensor but the last needs a multiple of 64 rows (pack it alone)");
-    start[s + 1] = start[s] + outs[s];
+  std::vector<StackPart> parts;
+  for (int64_t type : types) {
+    const FormatI8* f = find_i8(type);
+    TORCH_CHECK(f, "pack_quant_i8: ggml type ", type, " has no integer kernel (Q4_0, Q4_1, Q8_0)");
+    parts.push_back({f->name, f->type, kBlock, f->raw_bytes, f->tile_bytes,
+                     [f](const uint8_t* const* rows, uint8_t* dst) { repack_tile(*f, rows, dst); }});
   }
-  const int64_t out = start[parts], groups = (out + kGroupOut - 1) / kGroupOut;
-  std::vector<int64_t> part_of(groups), offset(groups);
-  int64_t bytes = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    part_of[g] = std::upper_bound(start.begin(), start.end(), g * kGroupOut) - start.begin() - 1;
-    offset[g] = bytes;
-    bytes += blocks * kGroupTiles * fmt[part_of[g]]->tile_bytes;
-  }
-  const int64_t data_offset = (sizeof(HeaderI8) + 16 * groups + 63) / 64 * 64;
-  at::Tensor packed = at::empty({data_offset + bytes}, at::TensorOptions().dtype(at::kByte));
-  uint8_t* base = packed.data_ptr<uint8_t>();
-  std::memset(base, 0, data_offset);
-  const HeaderI8 head{kMagicI8, out, in, groups, blocks, data_offset, 0, 0};
-  std::memcpy(base, &head, sizeof(head));
-  auto* table = reinterpret_cast<int64_t*>(base + sizeof(HeaderI8));
-  for (int64_t g = 0; g < groups; ++g) {
-    table[g] = fmt[part_of[g]]->type;
-    table[groups + g] = offset[g];
-  }
-  static const uint8_t zeros[64] = {};  // a padding output's block: scales 0
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t s = part_of[g];
-      const FormatI8& f = *fmt[s];
-      const uint8_t* raw = raws[s].data_ptr<uint8_t>();
-      for (int64_t b = 0; b < blocks; ++b) {
-        for (int j = 0; j < kGroupTiles; ++j) {
-          const uint8_t* rows[16];
-          for (int i = 0; i < 16; ++i) {
-            const int64_t o = g * kGroupOut + j * kTileOut + i;
-            rows[i] = o < start[s + 1] ? raw + ((o - start[s]) * blocks + b) * f.raw_bytes : zeros;
-          }
-          repack_tile(f, rows, base + data_offset + offset[g] + (b * kGroupTiles + j) * f.tile_bytes);
-        }
-      }
-    }
-  });
-  return packed;
+  Stacked st = pack_stack("pack_quant_i8", raws, parts, outs, in, sizeof(HeaderI8));
+  const HeaderI8 head{kMagicI8, st.out, in, st.groups, in / kBlock, st.data_offset, 0, 0};
+  std::memcpy(st.packed.data_ptr<uint8_t>(), &head, sizeof(head));
+  return st.packed;
 }
 
 std::vector<int64_t> quant_i8_types() {
