@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from ..config import SamplingParams, SpecConfig
     from ..models.base import TargetModel
 
+# The one empty draft every proposer may return: a step that drafts nothing should
+# not pay for a fresh tensor, and no caller writes into a draft's tokens.
+_NO_TOKENS = torch.empty(0, dtype=torch.long)
+
 
 @dataclass
 class Proposal:
@@ -28,7 +32,7 @@ class Proposal:
 
     @staticmethod
     def empty() -> "Proposal":
-        return Proposal(torch.empty(0, dtype=torch.long))
+        return Proposal(_NO_TOKENS)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -30,6 +30,8 @@ import heapq
 import math
 from dataclasses import dataclass
 
+import torch
+
 from ..acceptance import Evidence
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .ngram import match_evidence
@@ -192,6 +194,8 @@ class SuffixProposer(Proposer):
             # The best-scoring store and match length, drawn from rather than argmaxed.
             depth = min(k, self.settings.depth_cap(best.match_length))
             return self.frequency.chain(best.paths, depth, self.stop, self.settings.min_prob)
+        if chain:  # grow_draft took one child a node: the draft is its own path
+            return Proposal(torch.tensor(best.draft.tokens, dtype=torch.long))
         tree = best.draft.subtree(list(range(len(best.draft))))
         if tree.max_depth == len(tree):  # a single path: verify it as a chain
             return Proposal(tree.tokens)
