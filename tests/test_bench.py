@@ -140,6 +140,15 @@ def test_sweep_on_pretokenized_prompts_without_tokenizer(tmp_path):
         mine = [r for r in out.records if r.config == row.config]
         assert row.decode_speedup == pytest.approx(statistics.median(
             r.decode_tokens_per_s / plain[r.prompt_id].decode_tokens_per_s for r in mine))
+    # Tokens per CPU second of the process, the noise-robust twin of the wall-time ratio.
+    for record in out.records:
+        assert len(record.cpu_seconds_all) == 3 and record.cpu_seconds > 0
+        assert record.cpu_seconds == sorted(record.cpu_seconds_all)[1]
+    for row in (r for r in out.rows if r.config == "ngram k=3"):
+        mine = [r for r in out.records if r.config == row.config]
+        assert row.cpu_speedup == pytest.approx(statistics.median(
+            r.cpu_tokens_per_s / plain[r.prompt_id].cpu_tokens_per_s for r in mine))
+    assert "| cpu speedup |" in out.markdown
     assert selfdraft.adaptive is None and "+auto / best" in out.markdown
     # Three timed repeats per run; the record's time is their median.
     assert all(len(r.seconds_all) == 3 and r.seconds == sorted(r.seconds_all)[1]

@@ -4,6 +4,7 @@ requests; and the proposer is lossless (greedy identical, sampled output the
 target's) whether its drafts come from past outputs or the request itself."""
 from __future__ import annotations
 
+import gc
 import json
 import random
 import threading
@@ -62,6 +63,45 @@ def test_store_matches_equal_a_full_scan():
         for (s, i), m in want.items():
             position = int(starts[s]) + i
             assert store._index.continuation(position, 3) == sequences[s][i + 1:i + 4]
+
+
+def test_store_reads_the_newest_live_occurrences_past_evictions():
+    """With eviction and a small `recent`, a lookup finds exactly the newest `recent`
+    occurrences of the longest anchor among the outputs still cached (a full scan of
+    the live outputs), however many outputs came and went."""
+    rng = random.Random(2)
+    store = SuffixStore(max_requests=12, max_tokens=150, max_depth=8, recent=5)
+    for step in range(2000):
+        store.add([rng.randrange(4) for _ in range(rng.randrange(1, 25))])
+        if step % 25:
+            continue
+        context = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        live = store.sequences()
+        starts = [start for start, _ in store._index.bounds]
+        newest = sorted(_scan(live, context, 8).items(), reverse=True)[:5]
+        got = {(starts.index(max(b for b in starts if b <= m.position)),
+                m.position - max(b for b in starts if b <= m.position)): m.length
+               for m in store.matches(context)}
+        assert got == dict(newest), (live, context)
+
+
+def test_a_large_store_adds_nothing_for_the_garbage_collector_to_walk():
+    """The index holds arrays and flat dicts of ints: a store of 10^5 tokens tracks a
+    handful of objects, not one per anchor (each full collection would walk them all,
+    and its pause lands inside some request's step)."""
+    rng = random.Random(3)
+    gc.collect()
+    before = len(gc.get_objects())
+    store = SuffixStore(max_requests=10_000, max_tokens=200_000)
+    for _ in range(1000):
+        store.add([rng.randrange(2000) for _ in range(100)])
+    gc.collect()
+    assert store.stats().tokens == 100_000
+    assert len(gc.get_objects()) - before < 100
+    twin = store.copy()
+    assert twin.sequences() == store.sequences()
+    twin.add([1, 2, 3])
+    assert len(twin.sequences()) == len(store.sequences()) + 1
 
 
 def test_open_sequence_indexes_as_it_grows():

@@ -125,10 +125,19 @@ class RunRecord:
     grammar_seconds: float | None = None
     grammar_forced: int | None = None
     schema_valid: str | None = None
+    # CPU seconds of this process over the same call (all its threads; median over
+    # repeats): time the machine's other tenants took the cores is not in it.
+    cpu_seconds: float | None = None
+    cpu_seconds_all: list[float] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_tokens_per_s(self) -> float | None:
+        """New tokens per CPU second of the process (median over repeats)."""
+        return self.tokens / self.cpu_seconds if self.cpu_seconds else None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -237,20 +246,25 @@ class Runner:
                                  "apply: bench it without --peers")
             if self.peers is None:
                 raise ValueError(f"peer {config.label} needs a PeerRunner")
+            cpu = time.process_time()
             out = self.peers.run(config, list(prompt.ids), sampling)
             return RunRecord(prompt.workload, prompt.id, config.label, config.kind, config.k,
                              len(prompt.ids), len(out.token_ids), out.seconds,
-                             token_ids=out.token_ids, finish_reason=out.finish_reason)
+                             token_ids=out.token_ids, finish_reason=out.finish_reason,
+                             cpu_seconds=time.process_time() - cpu)
         _sync(self.device)
+        cpu = time.process_time()
         start = time.perf_counter()
         result = self.engine.generate(list(prompt.ids), sampling, config.spec)
         _sync(self.device)
         seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu
         s = result.stats
         split = TimeSplit(s.time_prefill, s.time_draft, s.time_verify, s.time_other, s.time_total)
         return RunRecord(prompt.workload, prompt.id, config.label, config.kind, config.k,
                          len(prompt.ids), len(result.token_ids), seconds, result.finish_reason,
                          s.drafted, s.accepted, s.target_forwards, split, list(result.token_ids),
+                         cpu_seconds=cpu,
                          step_k=[step.k for step in s.steps],
                          step_proposer=[step.proposer for step in s.steps],
                          step_evidence=[step.evidence for step in s.steps],
@@ -327,6 +341,8 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
                     record = runner.run(prompt, config)
                     kept = mine.setdefault(config.label, record)
                     kept.seconds_all.append(record.seconds)
+                    if record.cpu_seconds is not None:
+                        kept.cpu_seconds_all.append(record.cpu_seconds)
                     if record.time_split is not None:
                         kept.decode_seconds_all.append(
                             record.time_split.total - record.time_split.prefill)
@@ -337,6 +353,8 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
                 before.add(mine[configs[0].label].token_ids)
             for record in mine.values():
                 record.seconds = statistics.median(record.seconds_all)
+                if record.cpu_seconds_all:
+                    record.cpu_seconds = statistics.median(record.cpu_seconds_all)
                 records.append(record)
     order = {c.label: n for n, c in enumerate(configs)}
     position = {p.id: n for n, p in enumerate(prompts)}

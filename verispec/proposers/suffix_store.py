@@ -11,13 +11,20 @@ the `recent` newest occurrences of the anchor, so a frequent anchor costs a
 bounded scan; on text whose outputs repeat, the newest occurrences are the
 ones that predict.
 
+The occurrences of an anchor are a hash chain, as in LZ77 compressors: a dict
+from the anchor to its newest end position, and per anchor length an array
+parallel to the stream holding each position's previous occurrence. Neither
+holds Python containers per anchor, so a store of a million tokens adds no
+objects for the garbage collector to walk: as one list per anchor it was some
+700,000 of them, and a full collection then paused every request for a fifth
+of a second.
+
 `SuffixStore` is the global store over past outputs: bounded by requests and
 tokens, oldest evicted first, safe to share between threads, saved to and
 loaded from a file (`--suffix-cache`).
 """
 from __future__ import annotations
 
-import bisect
 import copy
 import json
 import os
@@ -32,6 +39,7 @@ import numpy as np
 from ..config import SUFFIX_STORE_REQUESTS, SUFFIX_STORE_TOKENS
 
 SENTINEL = -1  # ends every sequence; never equal to a token, so matches stop there
+NONE = -1  # a chain's end: no earlier occurrence
 ANCHORS = (3, 1)  # anchor n-gram lengths, longest first: 3 finds long matches among a
 # frequent token's occurrences, 1 finds the short ones
 _BITS = 21  # anchor keys pack n tokens of < 2**21 ids into one int, exactly
@@ -60,7 +68,10 @@ class SuffixIndex:
         self.tokens = array("q", [SENTINEL])  # the stream, from global position `offset`
         self.offset = 0
         self.bounds: deque[tuple[int, int]] = deque()  # global [start, end) of each sequence
-        self.index: dict[int, dict[int, list[int]]] = {n: {} for n in ANCHORS}
+        # Per anchor length n: the newest end position of each anchor key, and, parallel to
+        # `tokens`, the previous end position of the anchor ending at each position (NONE).
+        self.newest: dict[int, dict[int, int]] = {n: {} for n in ANCHORS}
+        self.previous: dict[int, array] = {n: array("q", [NONE]) for n in ANCHORS}
         self.entries = 0  # index entries appended since the last sweep, dead ones included
         self.count = 0  # live tokens
         self.open = False  # the last sequence may still be extended
@@ -70,7 +81,7 @@ class SuffixIndex:
         """A new sequence; `keep_open`: `extend` may append to it later."""
         self._seal()
         start = self.offset + len(self.tokens)
-        self.tokens.append(SENTINEL)  # the new sequence's own, at its end
+        self._append([SENTINEL])  # the new sequence's own, at its end
         self.bounds.append((start, start))
         self.open = True
         self.extend(tokens)
@@ -85,9 +96,9 @@ class SuffixIndex:
         if not tokens:
             return
         start, end = self.bounds[-1]
-        del self.tokens[-1]  # the open sequence's sentinel
-        self.tokens.extend(tokens)
-        self.tokens.append(SENTINEL)
+        self._cut(len(self.tokens) - 1, len(self.tokens))  # the open sequence's sentinel
+        self._append(tokens)
+        self._append([SENTINEL])
         self.bounds[-1] = (start, end + len(tokens))
         self.count += len(tokens)
         self._index_range(start, max(start, end - 1), end + len(tokens) - 1)
@@ -95,15 +106,29 @@ class SuffixIndex:
     def _seal(self) -> None:
         self.open = False
 
+    def _append(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+        for chain in self.previous.values():
+            chain.extend([NONE] * len(tokens))
+
+    def _cut(self, begin: int, end: int) -> None:
+        """Drop stream slots [begin, end) (offsets into `tokens`) and their chain links."""
+        del self.tokens[begin:end]
+        for chain in self.previous.values():
+            del chain[begin:end]
+
     def _index_range(self, start: int, first: int, stop: int) -> None:
-        """Index the anchors ending at positions [first, stop) of a sequence from `start`."""
+        """Index the anchors ending at positions [first, stop) of a sequence from `start`.
+        Positions only ever grow, so every chain runs from newest to oldest."""
         tokens, off = self.tokens, self.offset
-        for n, table in self.index.items():
+        for n, newest in self.newest.items():
+            chain = self.previous[n]
             for i in range(max(first, start + n - 1), stop):
                 key = 0
                 for j in range(i - n + 1, i + 1):
                     key = (key << _BITS) | tokens[j - off]
-                table.setdefault(key, []).append(i)
+                chain[i - off] = newest.get(key, NONE)
+                newest[key] = i
                 self.entries += 1
 
     def evict_oldest(self) -> None:
@@ -115,7 +140,7 @@ class SuffixIndex:
         live = self.live_start
         dead = live - self.offset - 1  # keep the sentinel before the first live token
         if dead > len(self.tokens) // 2:
-            del self.tokens[:dead]
+            self._cut(0, dead)
             self.offset += dead
         if self.entries > 2 * len(ANCHORS) * self.count + 1024:
             self._sweep()
@@ -123,19 +148,19 @@ class SuffixIndex:
     def _sweep(self) -> None:
         """Rebuild the index from the live sequences: keeps it within twice its
         live size, so memory follows the bounds however many sequences passed."""
-        self.index = {n: {} for n in ANCHORS}
+        self.newest = {n: {} for n in ANCHORS}
+        self.previous = {n: array("q", [NONE]) * len(self.tokens) for n in ANCHORS}
         self.entries = 0
         for start, end in self.bounds:
             self._index_range(start, start, end - 1)
 
     def clone(self) -> "SuffixIndex":
-        """An independent copy: the index's lists copied one level down, which is all
-        there is to copy (copy.deepcopy would walk every int in them)."""
+        """An independent copy: arrays and flat dicts of ints, copied whole."""
         twin = copy.copy(self)
         twin.tokens = array("q", self.tokens)
         twin.bounds = deque(self.bounds)
-        twin.index = {n: {key: list(ends) for key, ends in table.items()}
-                      for n, table in self.index.items()}
+        twin.newest = {n: dict(newest) for n, newest in self.newest.items()}
+        twin.previous = {n: array("q", chain) for n, chain in self.previous.items()}
         return twin
 
     # -- reading --------------------------------------------------------------
@@ -154,16 +179,13 @@ class SuffixIndex:
             key = 0
             for token in query[-n:]:
                 key = (key << _BITS) | token
-            ends = self.index[n].get(key)
-            if not ends:
-                continue
-            first = max(bisect.bisect_left(ends, live), len(ends) - self.recent)
-            found = []
-            for i in reversed(ends[first:]):
+            i, chain, found = self.newest[n].get(key, NONE), self.previous[n], []
+            while i >= live and len(found) < self.recent:  # newest first; evicted ones end it
                 m = n
                 while m < len(query) and tokens[i - m - off] == query[-1 - m]:
                     m += 1
                 found.append(Match(i, m))
+                i = chain[i - off]
             if found:
                 found.sort(key=lambda match: -match.length)
                 return found
@@ -180,10 +202,9 @@ class SuffixIndex:
 
     def memory_bytes(self) -> int:
         size = sys.getsizeof(self.tokens) + sys.getsizeof(self.bounds)
-        for table in self.index.values():
-            size += sys.getsizeof(table)
-            for key, ends in table.items():
-                size += sys.getsizeof(key) + sys.getsizeof(ends) + sum(map(sys.getsizeof, ends))
+        for n, newest in self.newest.items():
+            size += sys.getsizeof(newest) + sys.getsizeof(self.previous[n])
+            size += sum(sys.getsizeof(key) + sys.getsizeof(i) for key, i in newest.items())
         return size
 
 
