@@ -241,7 +241,8 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
             eq_plain, eq_hf = _equality_cells(r)
             lines.append(
                 f"| {r.config} | {r.k or '–'} | {r.tokens_per_s:.1f} | {_f(r.speedup, '.2f', 'x')} "
-                f"| {_f(r.cpu_speedup, '.2f', 'x')} | {_f(r.alpha)} | {_f(r.tau)} | {_f(r.expected_tau)} | {_split(r.time_split)} "
+                f"| {_f(r.cpu_speedup, '.2f', 'x')} | {_f(r.alpha)} | {_f(r.tau)} "
+                f"| {_f(r.expected_tau)} | {_split(r.time_split)} "
                 f"| {eq_plain} | {eq_hf} |")
         lines.append("")
     if sweeps:

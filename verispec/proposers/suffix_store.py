@@ -14,10 +14,9 @@ ones that predict.
 The occurrences of an anchor are a hash chain, as in LZ77 compressors: a dict
 from the anchor to its newest end position, and per anchor length an array
 parallel to the stream holding each position's previous occurrence. Neither
-holds Python containers per anchor, so a store of a million tokens adds no
-objects for the garbage collector to walk: as one list per anchor it was some
-700,000 of them, and a full collection then paused every request for a fifth
-of a second.
+holds a Python container per anchor, so a large store gives the garbage
+collector nothing to walk; a list per anchor did, and each full collection's
+pause landed inside some request's step (docs/suffix.md, "Bounds and memory").
 
 `SuffixStore` is the global store over past outputs: bounded by requests and
 tokens, oldest evicted first, safe to share between threads, saved to and
@@ -97,8 +96,7 @@ class SuffixIndex:
             return
         start, end = self.bounds[-1]
         self._cut(len(self.tokens) - 1, len(self.tokens))  # the open sequence's sentinel
-        self._append(tokens)
-        self._append([SENTINEL])
+        self._append([*tokens, SENTINEL])
         self.bounds[-1] = (start, end + len(tokens))
         self.count += len(tokens)
         self._index_range(start, max(start, end - 1), end + len(tokens) - 1)
