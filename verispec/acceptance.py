@@ -89,7 +89,9 @@ class DepthAcceptance:
         self._succ = [0.0] * max_depth
         self._fail = [0.0] * max_depth
         self._top = 0
-        self._alphas: np.ndarray | None = None  # cached `alphas`, dropped when counts change
+        # Cached `alpha_list` and `alphas`, dropped when the counts change.
+        self._alphas: list[float] | None = None
+        self._array: np.ndarray | None = None
         self.resets = 0  # abrupt changes detected
         self._restart()
 
@@ -100,6 +102,14 @@ class DepthAcceptance:
         depths never reached inherit the deepest observed estimate. Read-only
         and cached until the next observation: a serving step reads it for
         every running request."""
+        if self._array is None:
+            self._array = np.array(self.alpha_list())
+            self._array.flags.writeable = False
+        return self._array
+
+    def alpha_list(self) -> list[float]:
+        """`alphas` as plain floats, shared (not to be modified): a request's policy
+        reads them once a step, where building an array cost more than the arithmetic."""
         if self._alphas is not None:
             return self._alphas
         out = [0.0] * self.max_depth
@@ -113,8 +123,6 @@ class DepthAcceptance:
             parent = parent if n + pool == 0 else (succ[i] + pool * parent) / (n + pool)
             out[i], pool = parent, self._pool
         out[reached:] = [parent] * (self.max_depth - reached)
-        out = np.array(out)
-        out.flags.writeable = False
         self._alphas = out
         return out
 
@@ -154,7 +162,7 @@ class DepthAcceptance:
     def _restart(self) -> None:
         # The prior lives in the depth-1 counts and decays with them, so after
         # enough evidence it leaves no floor under the estimate.
-        self._alphas = None
+        self._alphas, self._array = None, None
         self._succ = [0.0] * self.max_depth
         self._fail = [0.0] * self.max_depth
         self._succ[0] = self._prior_alpha * self._prior_strength
@@ -162,7 +170,7 @@ class DepthAcceptance:
         self._top = 1
 
     def _count(self, drafted: int, accepted: int) -> None:
-        self._alphas = None
+        self._alphas, self._array = None, None
         succ, fail, gamma = self._succ, self._fail, self._gamma
         for i in range(self._top):
             succ[i] *= gamma

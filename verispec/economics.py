@@ -237,7 +237,8 @@ class StepCost:
         self._weight: list[float] = []  # and the discounted count
         self._seen: list[int] = []  # w - 1 of every width ever observed, ascending: the
         # only entries discounting can change (the others stay 0)
-        self._table: np.ndarray | None = None  # every width's prediction, until the next change
+        self._table: list[float] | None = None  # every width's prediction, until the next change
+        self._array: np.ndarray | None = None  # the same, for `table`
 
     @property
     def timed(self) -> bool:
@@ -252,7 +253,7 @@ class StepCost:
         pad = size - len(self._sum)
         self._sum += [0.0] * pad
         self._weight += [0.0] * pad
-        self._table = None
+        self._table = self._array = None
 
     def table(self, max_width: int) -> np.ndarray:
         """Predicted seconds of one forward over w positions, at index w, for w = 0..max_width
@@ -264,11 +265,20 @@ class StepCost:
         next change for the widths asked so far (each entry depends on its own width, the
         measured ones and the running maximum of the narrower ones), since a policy reads
         it several times a step."""
+        table = self.table_list(max_width)
+        if self._array is None:
+            self._array = np.array(table)
+            self._array.flags.writeable = False
+        return self._array[: max_width + 1]
+
+    def table_list(self, max_width: int) -> list[float]:
+        """`table` as plain floats, shared (not to be modified), for widths 0..max_width
+        at least (it may hold more): a request's policy reads it once a step."""
         self._grow(max(max_width, 1))
-        if self._table is None or self._table.size <= max_width:
-            self._table = np.array(self._predict(max(max_width, TABLE_WIDTHS)))
-            self._table.flags.writeable = False
-        return self._table[: max_width + 1]
+        if self._table is None or len(self._table) <= max_width:
+            self._table = self._predict(max(max_width, TABLE_WIDTHS))
+            self._array = None
+        return self._table
 
     def _predict(self, max_width: int) -> list[float]:
         # Plain floats over the few widths a step asks for: numpy's per-call overhead,
@@ -301,7 +311,7 @@ class StepCost:
         return out
 
     def predict(self, widths: Sequence[int]) -> float:
-        table = self.table(max(sum(widths), 1))
+        table = self.table_list(max(sum(widths), 1))
         return float(table[sum(widths)] if self.fused else sum(table[w] for w in widths))
 
     def observe(self, widths: Sequence[int], seconds: float) -> None:
@@ -318,7 +328,7 @@ class StepCost:
         for i in self._seen:
             self._sum[i] *= self._gamma
             self._weight[i] *= self._gamma
-        self._table = None
+        self._table = self._array = None
         if self.fused:
             self._add(total - 1, seconds)
             return

@@ -181,8 +181,9 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, forward_seconds: flo
     tokens, parents = draft.nodes
     if draft.tree is not None:
         fed = draft.tree
+        ancestry = tree_ancestry(fed) if seq.processor.active else None
         logits = seq.processor.process(out.logits, seq.tokens, seq.num_prompt, fed.tree.tokens,
-                                       tree_ancestry(fed))  # [N + 1, vocab]
+                                       ancestry)  # [N + 1, vocab]
         result = tree_finish(fed, out, seq.cache, seq.sampling, seq.generator, logits)
         # The rejected candidates: the children of the last accepted node.
         below = fed.tree.children(result.path[-1] if result.path else ROOT)
@@ -191,8 +192,11 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, forward_seconds: flo
         hidden, rejected = result.hidden, [tokens[i] for i in below]
     else:
         chain = draft.chain
+        # Only an active processor reads the ancestry: its tensor calls, cold after a
+        # target pass, are host time every step would pay.
+        ancestry = chain_ancestry(chain.shape[0]) if seq.processor.active else None
         logits = seq.processor.process(out.logits, seq.tokens, seq.num_prompt, chain,
-                                       chain_ancestry(chain.shape[0]))  # [k + 1, vocab]
+                                       ancestry)  # [k + 1, vocab]
         if draft.allowed is not None:
             logits = apply_mask(logits, draft.allowed)
         verdict = _verify_chain(chain, draft.draft_probs, logits, seq)

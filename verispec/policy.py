@@ -140,22 +140,26 @@ class AdaptiveK:
     def evidence_alphas(self, evidence: Evidence | None) -> np.ndarray:
         """alpha_i for drafts made with `evidence`: its key's estimate, its prior for
         a key not seen yet, the pooled estimate for None."""
-        if evidence is None:
-            return self.alphas
-        estimate = self._by_evidence.get(evidence.key)
+        estimate = self._estimate_of(evidence)
         if estimate is None:
             return np.full(self.max_depth, evidence.prior_alpha)  # where a new estimate starts
         return estimate.alphas
+
+    def _estimate_of(self, evidence: Evidence | None) -> DepthAcceptance | None:
+        return self._pooled if evidence is None else self._by_evidence.get(evidence.key)
 
     def begin_step(self, evidence: Evidence | None) -> np.ndarray:
         """Announce the evidence of the step about to be decided: its outcome will
         be counted under that key too. Returns the alphas to price its k with. A
         scheduler that chooses k itself calls this; `choose` does it for a request."""
+        self._announce(evidence)
+        return self.evidence_alphas(evidence)
+
+    def _announce(self, evidence: Evidence | None) -> None:
         self._evidence = evidence.key if evidence is not None else None
         if evidence is not None and evidence.key not in self._by_evidence:
             self._by_evidence[evidence.key] = self.new_estimate(evidence.prior_alpha,
                                                                 self._prior_strength)
-        return self.evidence_alphas(evidence)
 
     def new_estimate(self, prior_alpha: float, prior_strength: float) -> DepthAcceptance:
         """A per-depth acceptance estimate with this controller's forgetting and resets,
@@ -167,7 +171,7 @@ class AdaptiveK:
         """Predicted seconds of one pass for k = 0..max_k (T(1) units before any timing):
         the request's step-cost curve (economics.StepCost: measured widths, the prior's
         shape rescaled between them, convex beyond) plus the draft seconds per token."""
-        verify = self._verify_prediction(max_k + 1).tolist()
+        verify = self.curve.table_list(max_k + 1)[1:max_k + 2]
         per_token = self._draft_per_token(verify[0])
         return [seconds + per_token * k for k, seconds in enumerate(verify)]
 
@@ -188,7 +192,9 @@ class AdaptiveK:
     def best(self, max_k: int, evidence: Evidence | None = None) -> Choice:
         """The rate-maximising k in 0..min(max_k, max_depth), without exploration."""
         k_max = max(0, min(max_k, self.max_depth))
-        return best_draft(self.evidence_alphas(evidence)[:k_max], self.step_seconds(k_max))
+        estimate = self._estimate_of(evidence)
+        alphas = estimate.alpha_list() if estimate is not None else [evidence.prior_alpha] * k_max
+        return best_draft(alphas[:k_max], self.step_seconds(k_max))
 
     def choose(self, max_k: int, evidence: Evidence | None = None) -> int:
         """Draft length for the next step, at most max_k (the engine's room
@@ -196,7 +202,7 @@ class AdaptiveK:
         speculation cannot pay, or `probe_k` on a scheduled probe. `evidence`:
         the proposer's `evidence` for this step; the step's outcome is then also
         counted under it."""
-        self.begin_step(evidence)
+        self._announce(evidence)
         if max_k <= 0:
             return 0
         best = self.best(max_k, evidence)
@@ -254,7 +260,7 @@ class AdaptiveK:
             return
         # Draft seconds are the request's own even in a shared batch (verify_seconds None).
         if obs.draft_seconds is not None:
-            prior = self.cost.draft_cost * float(self._verify_prediction(1)[0])
+            prior = self.cost.draft_cost * self.curve.table_list(1)[1]
             self.draft_price.observe(obs.draft_seconds, obs.k_requested, prior)
         if obs.verify_seconds is None:
             return

@@ -136,6 +136,17 @@ def pack_quant_i8(parts: list[tuple[torch.Tensor, int, int]], in_features: int) 
                                     int(in_features))
 
 
+def suffix_lookup(context, tokens, offset: int, live: int, heads: list[int], chains: list,
+                  anchors: list[int], query: list[int], recent: int, store_recent: int, k: int,
+                  caps: list[int], min_prob: float, stop: list[int], tried: int):
+    """Suffix decoding's two lookups in one call: over `context` (array('q'), scanned) and
+    over a store index's stream and anchor chains (`tokens` None: none); each what
+    verispec.proposers.suffix.chain_lookup computes, as (longest match, [(match length,
+    chain tokens, probabilities)])."""
+    return _require().suffix_lookup(context, tokens, offset, live, heads, chains, anchors, query,
+                                    recent, store_recent, k, caps, min_prob, stop, tried)
+
+
 def is_quantized(packed: torch.Tensor) -> bool:
     """Whether `packed` came from pack_quant (else from pack)."""
     return packed.dtype == torch.uint8

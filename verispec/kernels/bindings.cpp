@@ -1,8 +1,60 @@
-// Python bindings of the kernels; every call releases the GIL, so a serving
-// thread can tokenize while a forward runs.
+// Python bindings of the kernels; every call but suffix_lookup (microseconds)
+// releases the GIL, so a serving thread can tokenize while a forward runs.
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"
+
+namespace {
+
+const int64_t* stream_of(const py::buffer& buffer, int64_t* size) {
+  const py::buffer_info info = buffer.request();
+  if (info.ndim != 1 || info.itemsize != 8 || (info.format != "q" && info.format != "l")) {
+    throw std::invalid_argument("suffix_lookup: streams must be array('q') of int64");
+  }
+  *size = info.shape[0];
+  return static_cast<const int64_t*>(info.ptr);
+}
+
+py::tuple as_python(const SuffixLookup& found) {
+  py::list chains;
+  for (const SuffixChain& chain : found.chains) {
+    chains.append(py::make_tuple(chain.match_length, py::cast(chain.tokens), py::cast(chain.probs)));
+  }
+  return py::make_tuple(found.longest, chains);
+}
+
+// Both of suffix decoding's lookups in one call (each call costs tens of microseconds
+// cold after a target pass): the request's own context, scanned, and a store's index
+// (`tokens` None: no store). Holds the GIL: the streams are Python arrays that another
+// thread may grow (the caller holds the store's lock), and the lookup takes microseconds.
+py::tuple suffix_lookup_py(const py::buffer& context, const py::object& tokens, int64_t offset,
+                           int64_t live, const std::vector<int64_t>& heads,
+                           const std::vector<py::buffer>& chains, const std::vector<int64_t>& anchors,
+                           const std::vector<int64_t>& query, int64_t recent, int64_t store_recent,
+                           int64_t k, const std::vector<int64_t>& caps, double min_prob,
+                           const std::vector<int64_t>& stop, int64_t tried) {
+  if (caps.empty()) throw std::invalid_argument("suffix_lookup: caps is empty");
+  int64_t length = 0;
+  const int64_t* own = stream_of(context, &length);
+  const py::tuple local = as_python(suffix_scan(own, length, anchors, query, recent, k, caps, min_prob,
+                                                stop, tried));
+  if (tokens.is_none()) return py::make_tuple(local, py::none());
+  int64_t size = 0;
+  const int64_t* stream = stream_of(tokens.cast<py::buffer>(), &size);
+  std::vector<const int64_t*> links;
+  for (const py::buffer& chain : chains) {
+    int64_t parallel = 0;
+    links.push_back(stream_of(chain, &parallel));
+    if (parallel != size) throw std::invalid_argument("suffix_lookup: a chain is not parallel to the stream");
+  }
+  if (anchors.size() != heads.size() || anchors.size() != links.size()) {
+    throw std::invalid_argument("suffix_lookup: anchors, heads and chains differ in length");
+  }
+  return py::make_tuple(local, as_python(suffix_chains(stream, size, offset, live, anchors, heads, links,
+                                                       query, store_recent, k, caps, min_prob, stop, tried)));
+}
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("init", &init, "choose the matmul's instruction set: 2 AMX, 1 AVX-512-BF16, 0 none");
@@ -36,4 +88,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weights"), py::arg("dims"), py::arg("eps"), py::arg("scale"), py::arg("softcap"),
         py::arg("cos"), py::arg("sin"), py::arg("caches"), py::arg("row_cache"), py::arg("row_slot"),
         py::arg("row_len"), py::arg("row_index") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("suffix_lookup", &suffix_lookup_py,
+        "suffix decoding's lookups, (context's, store's or None), each (longest match, "
+        "[(match length, chain tokens, probabilities)])",
+        py::arg("context"), py::arg("tokens"), py::arg("offset"), py::arg("live"), py::arg("heads"),
+        py::arg("chains"), py::arg("anchors"), py::arg("query"), py::arg("recent"),
+        py::arg("store_recent"), py::arg("k"), py::arg("caps"), py::arg("min_prob"), py::arg("stop"),
+        py::arg("tried"));
 }

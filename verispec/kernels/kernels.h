@@ -39,3 +39,23 @@ at::Tensor gemma_layer(const at::Tensor& x, const std::vector<at::Tensor>& weigh
                        const at::Tensor& cos, const at::Tensor& sin, const std::vector<at::Tensor>& caches,
                        const at::Tensor& row_cache, const at::Tensor& row_slot, const at::Tensor& row_len,
                        const c10::optional<at::Tensor>& row_index);
+// Suffix decoding's lookup over one token stream and its anchor chains (suffix.cpp).
+struct SuffixChain {
+  int64_t match_length;
+  std::vector<int64_t> tokens;  // the likeliest chain at this match length
+  std::vector<double> probs;    // each token's share of the occurrences
+};
+struct SuffixLookup {
+  int64_t longest;  // the longest match found (0: none)
+  std::vector<SuffixChain> chains;
+};
+SuffixLookup suffix_chains(const int64_t* tokens, int64_t size, int64_t offset, int64_t live,
+                           const std::vector<int64_t>& anchors, const std::vector<int64_t>& heads,
+                           const std::vector<const int64_t*>& chains, const std::vector<int64_t>& query,
+                           int64_t recent, int64_t k, const std::vector<int64_t>& caps, double min_prob,
+                           const std::vector<int64_t>& stop, int64_t tried);
+// The same over one request's own context (no index: a scan of it, newest first).
+SuffixLookup suffix_scan(const int64_t* context, int64_t size, const std::vector<int64_t>& anchors,
+                         const std::vector<int64_t>& query, int64_t recent, int64_t k,
+                         const std::vector<int64_t>& caps, double min_prob,
+                         const std::vector<int64_t>& stop, int64_t tried);

@@ -28,15 +28,17 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from dataclasses import dataclass
 
 import torch
 
+from .. import kernels
 from ..acceptance import Evidence
 from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
 from .ngram import match_evidence
 from .ngram_sampled import FrequencyDrafts
-from .suffix_store import SuffixIndex, SuffixStore
+from .suffix_store import ANCHORS, SuffixIndex, SuffixStore
 from .tree_drafting import DraftTree, as_proposal
 
 MATCH_LENGTHS_TRIED = 4  # distinct match lengths scored per store, longest first
@@ -54,11 +56,91 @@ class SuffixSettings:
 
 @dataclass
 class ScoredDraft:
-    draft: DraftTree
+    tokens: list[int]  # the draft's tokens, node order
     score: float  # expected accepted tokens: the sum of the nodes' path probabilities
     match_length: int
     source: str  # "global" or "request"
-    paths: list[list[int]]  # the occurrences' continuations it was grown from
+    tree: DraftTree | None = None  # a tree draft (None: a chain)
+    paths: list[list[int]] | None = None  # the occurrences' continuations it was grown from
+
+
+@dataclass(frozen=True)
+class ChainCandidate:
+    """The likeliest chain through the continuations of the occurrences that match at
+    least `match_length` tokens, to its depth cap at the lookup's k. A shorter k's
+    chain is its prefix: every depth's choice ignores the cap."""
+    match_length: int
+    tokens: list[int]
+    probs: list[float]  # each token's path probability; a prefix's sum is its score
+
+
+@dataclass(frozen=True)
+class ChainLookup:
+    """One store's lookup for chain drafts."""
+    longest: int  # the longest match (0: none), the step's evidence
+    chains: list[ChainCandidate]  # at the MATCH_LENGTHS_TRIED longest match lengths
+
+
+def likeliest_chain(paths: list[list[int]], depth: int, min_prob: float,
+                    stop: frozenset[int]) -> tuple[list[int], list[float]]:
+    """grow_draft's chain without its trie: at each depth the next token of the most
+    paths still on the chain (ties to the first to appear, as the trie orders its
+    children), while its share of all paths stays at least `min_prob`."""
+    total, tokens, probs, alive = len(paths), [], [], paths
+    while alive and len(tokens) < depth:
+        d = len(tokens)
+        counts: dict[int, int] = {}  # insertion order: the trie's child order
+        for path in alive:
+            if len(path) > d:
+                counts[path[d]] = counts.get(path[d], 0) + 1
+        if not counts:
+            break
+        token = max(counts, key=counts.__getitem__)  # the first of the most frequent
+        prob = counts[token] / total
+        if prob < min_prob:
+            break
+        tokens.append(token)
+        probs.append(prob)
+        if token in stop:
+            break
+        alive = [path for path in alive if len(path) > d and path[d] == token]
+    return tokens, probs
+
+
+def chain_lookup(index: SuffixIndex, context: list[int], k: int, caps: list[int],
+                 min_prob: float, stop: frozenset[int]) -> ChainLookup:
+    """The context's matches in `index` and the likeliest chain at each of the longest
+    match lengths, at depth min(k, caps[m]): the reference `native_lookup` computes."""
+    found = index.matches(context)
+    chains = []
+    for m in sorted({match.length for match in found}, reverse=True)[:MATCH_LENGTHS_TRIED]:
+        depth = min(k, caps[m])
+        if depth < 1:
+            continue
+        paths = [index.continuation(match.position, depth) for match in found if match.length >= m]
+        tokens, probs = likeliest_chain(paths, depth, min_prob, stop)
+        if tokens:
+            chains.append(ChainCandidate(m, tokens, probs))
+    return ChainLookup(found[0].length if found else 0, chains)
+
+
+def native_lookup(own: array, store: SuffixIndex | None, context: list[int], k: int,
+                  caps: list[int], min_prob: float, stop: frozenset[int], max_depth: int,
+                  recent: int) -> dict[str, ChainLookup]:
+    """chain_lookup over this request's own text and over a store's index, in one kernel
+    call: `own` holds the context, which the kernel scans as the request's index (one
+    open sequence, `recent` newest occurrences) would find it."""
+    query = context[-max_depth:]
+    shared = store
+    local, found = kernels.suffix_lookup(
+        own, shared.tokens if shared else None, shared.offset if shared else 0,
+        shared.live_start if shared else 0, shared.heads(query) if shared else [],
+        [shared.previous[n] for n in ANCHORS] if shared else [], list(ANCHORS), query, recent,
+        shared.recent if shared else 0, k, caps, min_prob, sorted(stop), MATCH_LENGTHS_TRIED)
+    out = {"request": ChainLookup(local[0], [ChainCandidate(*chain) for chain in local[1]])}
+    if found is not None:
+        out["global"] = ChainLookup(found[0], [ChainCandidate(*chain) for chain in found[1]])
+    return out
 
 
 def _trie(continuations: list[list[int]], stop: frozenset[int]):
@@ -138,34 +220,58 @@ class SuffixProposer(Proposer):
         self._seen: list[int] = []
         self.last: ScoredDraft | None = None  # the latest proposal's draft, for stats and tests
         self.max_k = max_k  # the draft length `evidence` reads continuations for
-        self._found: tuple[tuple, int, dict] | None = None  # (step, length, _candidates)
+        self._found: tuple[tuple, int, dict] | None = None  # (step, length, per-store reads)
+        # Chain drafts only (no tree budget, argmaxed): the stores' reads are chain
+        # lookups (chain_lookup), else every occurrence's continuation. With the kernels,
+        # one call reads both stores and scans the context itself (`_own`) instead of
+        # indexing it in `local`.
+        self._chains_only = tree_nodes <= 0 and frequency is None
+        self._native = self._chains_only and kernels.available()
+        self._own = array("q")
+        self._caps = [settings.depth_cap(m) for m in range(depth + 1)]  # per match length
 
     def _follow(self, tokens: list[int]) -> None:
         """Index the committed context: extend, or start over if it is not an extension."""
         old = len(self._seen)
         if tokens[:old] != self._seen:
-            self.local, old = SuffixIndex(self.local.max_depth), 0
+            self.local, self._own, old = SuffixIndex(self.local.max_depth), array("q"), 0
             self._seen = []
-        if old == 0:
-            self.local.add(tokens, keep_open=True)
+        new = tokens[old:]
+        self._seen.extend(new)
+        if self._native:
+            self._own.extend(new)
+        elif old == 0:
+            self.local.add(new, keep_open=True)
         else:
-            self.local.extend(tokens[old:])
-        self._seen = list(tokens)
+            self.local.extend(new)
 
-    def _candidates(self, ctx: DraftContext, length: int) -> dict[str, list[tuple[int, list[int]]]]:
-        """(match length, up to `length` following tokens) per occurrence, per store. An
-        adaptive step asks twice, `evidence` (at max_k) and then `propose`: the second
-        reads the first's copy instead of searching both stores again."""
+    def _read(self, index: SuffixIndex, context: list[int], length: int):
+        if self._chains_only:
+            return chain_lookup(index, context, length, self._caps, self.settings.min_prob,
+                                self.stop)
+        return [(match.length, index.continuation(match.position, length))
+                for match in index.matches(context)]
+
+    def _stores(self, ctx: DraftContext, length: int) -> dict:
+        """`_read` of each store at draft length `length`: a ChainLookup, or (match length,
+        up to `length` following tokens) per occurrence. An adaptive step asks twice,
+        `evidence` (at max_k) and then `propose`: the second reuses the first's reads,
+        since a shorter draft is read from a longer one's prefix."""
         step = (len(ctx.tokens), tuple(ctx.tokens[-4:]))
         if self._found is not None and self._found[0] == step and length <= self._found[1]:
-            return {source: [(m, path[:length]) for m, path in found]
-                    for source, found in self._found[2].items()}
+            return self._found[2]
         self._follow(ctx.tokens)
-        local = [(m.length, self.local.continuation(m.position, length))
-                 for m in self.local.matches(ctx.tokens)]
-        found = {"request": local}
-        if self.store is not None:
-            found["global"] = self.store.continuations(ctx.tokens, length)
+        if self._native:
+            def both(index: SuffixIndex | None) -> dict:
+                return native_lookup(self._own, index, ctx.tokens, length, self._caps,
+                                     self.settings.min_prob, self.stop, self.local.max_depth,
+                                     self.local.recent)
+            found = self.store.read(both) if self.store is not None else both(None)
+        else:
+            found = {"request": self._read(self.local, ctx.tokens, length)}
+            if self.store is not None:
+                found["global"] = self.store.read(
+                    lambda index: self._read(index, ctx.tokens, length))
         self._found = (step, length, found)
         return found
 
@@ -173,38 +279,56 @@ class SuffixProposer(Proposer):
         self.last = None
         if k <= 0:
             return Proposal.empty()
+        if self._chains_only:
+            best = self.last = self._best_chain(ctx, k)
+            return Proposal(torch.tensor(best.tokens)) if best else Proposal.empty()
         nodes = ctx.tree_budget(self.tree_nodes)
         chain = nodes <= 0
         best: ScoredDraft | None = None
-        for source, found in self._candidates(ctx, k).items():
+        for source, found in self._stores(ctx, k).items():
             lengths = sorted({m for m, _ in found}, reverse=True)[:MATCH_LENGTHS_TRIED]
             for m in lengths:
-                depth = min(k, self.settings.depth_cap(m))
+                depth = min(k, self._caps[m])
                 if depth < 1:
                     continue
                 paths = [path[:depth] for length, path in found if length >= m]
                 draft, score = grow_draft(paths, depth if chain else nodes, chain,
                                           self.settings.min_prob, self.stop)
                 if len(draft) and (best is None or score > best.score):
-                    best = ScoredDraft(draft, score, m, source, paths)
+                    best = ScoredDraft(draft.tokens, score, m, source, draft, paths)
         self.last = best
         if best is None:
             return Proposal.empty()
         if chain and self.frequency is not None:
             # The best-scoring store and match length, drawn from rather than argmaxed.
-            depth = min(k, self.settings.depth_cap(best.match_length))
+            depth = min(k, self._caps[best.match_length])
             return self.frequency.chain(best.paths, depth, self.stop, self.settings.min_prob)
         if chain:  # grow_draft took one child a node: the draft is its own path
-            return Proposal(torch.tensor(best.draft.tokens, dtype=torch.long))
-        tree = best.draft.subtree(list(range(len(best.draft))))
+            return Proposal(torch.tensor(best.tokens, dtype=torch.long))
+        tree = best.tree.subtree(list(range(len(best.tree))))
         if tree.max_depth == len(tree):  # a single path: verify it as a chain
             return Proposal(tree.tokens)
         return as_proposal(tree)
 
+    def _best_chain(self, ctx: DraftContext, k: int) -> ScoredDraft | None:
+        """The best-scoring chain of either store (the request's wins ties)."""
+        best = None
+        for source, lookup in self._stores(ctx, k).items():
+            for chain in lookup.chains:
+                depth = min(k, self._caps[chain.match_length])
+                score = sum(chain.probs[:depth])
+                if best is None or score > best.score:
+                    best = ScoredDraft(chain.tokens[:depth], score, chain.match_length, source)
+        return best
+
     def evidence(self, ctx: DraftContext) -> Evidence:
         """The longest match either store holds, keyed like n-gram lookup's."""
-        found = self._candidates(ctx, self.max_k)
-        return match_evidence(max((m for matches in found.values() for m, _ in matches), default=0))
+        found = self._stores(ctx, self.max_k)
+        if self._chains_only:
+            longest = max(lookup.longest for lookup in found.values())
+        else:
+            longest = max((m for matches in found.values() for m, _ in matches), default=0)
+        return match_evidence(longest)
 
     def finished(self, ctx: DraftContext) -> None:
         if self.store is not None:

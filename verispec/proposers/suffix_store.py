@@ -32,6 +32,7 @@ import threading
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -43,6 +44,7 @@ ANCHORS = (3, 1)  # anchor n-gram lengths, longest first: 3 finds long matches a
 # frequent token's occurrences, 1 finds the short ones
 _BITS = 21  # anchor keys pack n tokens of < 2**21 ids into one int, exactly
 CACHE_VERSION = 1
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,17 @@ class SuffixIndex:
                 return found
         return []
 
+    def heads(self, query: list[int]) -> list[int]:
+        """Per anchor length (ANCHORS), the newest end position of the query's last n
+        tokens (NONE: absent or too short): where `matches` starts each chain."""
+        out = []
+        for n in ANCHORS:
+            key = 0
+            for token in query[-n:]:
+                key = (key << _BITS) | token
+            out.append(self.newest[n].get(key, NONE) if len(query) >= n else NONE)
+        return out
+
     def continuation(self, position: int, length: int) -> list[int]:
         """Up to `length` tokens after stream position `position`, within its sequence."""
         begin = position + 1 - self.offset
@@ -259,13 +272,11 @@ class SuffixStore:
         with self._lock:
             return self._index.matches(context)
 
-    def continuations(self, context: list[int], length: int) -> list[tuple[int, list[int]]]:
-        """(match length, up to `length` following tokens) per occurrence of the
-        context's suffix, read in one lock so they agree with each other."""
+    def read(self, lookup: Callable[[SuffixIndex], T]) -> T:
+        """`lookup(index)` under the store's lock: a reader that needs several of the
+        index's arrays to agree."""
         with self._lock:
-            index = self._index
-            return [(m.length, index.continuation(m.position, length))
-                    for m in index.matches(context)]
+            return lookup(self._index)
 
     def sequences(self) -> list[list[int]]:
         with self._lock:
