@@ -152,6 +152,44 @@ def test_a_costly_probe_is_spaced_to_its_share_of_wall_time():
     # (the first two probes, at steps 2 and 4, come before a price).
     assert share <= 0.025
 
+def test_a_later_request_starts_from_the_prices_earlier_ones_measured():
+    """A head's call costs what it cost in the last request: seeded with that price, a
+    later request does not draft with a losing head while it looks free (unseeded, its
+    first calls in every request are priced at the prior, zero)."""
+    future = list(range(50)) * 80
+    asked = {}
+    for seeded in (False, True):
+        prices = {} if seeded else None
+        asked[seeded] = []
+        for _ in range(3):
+            copy = Scripted("ngram", future, lambda p: p % 3 != 0, free=True)
+            model = Scripted("eagle", future, lambda p: p % 4 == 0)
+            model.seconds_per_token = 0.001  # half a pass per drafted token
+            auto = AutoProposer({"ngram": copy, "eagle": model}, prices=prices)
+            if seeded and asked[seeded]:
+                assert auto.tracks["eagle"].price.measured == prices["eagle"].draft.measured
+                assert auto.tracks["eagle"].price is not prices["eagle"].draft
+            _drive(auto, future, 40)
+            auto.finished(DraftContext(future[:5], 5))
+            asked[seeded].append(sum(model.asked))
+    assert asked[False] == [asked[False][0]] * 3  # every request relearns the price
+    assert asked[True][0] == asked[False][0]
+    assert max(asked[True][1:]) < asked[False][0]
+
+
+def test_an_engine_carries_auto_prices_between_requests():
+    from conftest import tiny_engine
+
+    engine = tiny_engine()
+    spec = SpecConfig("auto", k=4)
+    engine.generate([3, 17, 4, 9, 3, 17, 4] * 3, SamplingParams(max_new_tokens=24), spec)
+    assert engine.auto_prices and all(p.draft.measured is not None
+                                      for p in engine.auto_prices.values())
+    request = engine.new_request([5, 6, 7], SamplingParams(max_new_tokens=4), spec)
+    for name, known in engine.auto_prices.items():
+        assert request.proposer.tracks[name].price.measured == known.draft.measured
+
+
 class Telling(Scripted):
     """A free proposer that knows before drafting whether it can guess (n-gram
     lookup's match length): evidence key 2 where it is right, 0 where not."""

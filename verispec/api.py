@@ -18,6 +18,7 @@ from .models.loading import DEFAULT_MODEL, load_target
 from .models.quant_draft import quantized_draft
 from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
+from .proposers.auto import CandidatePrices
 from .proposers.base import ProposerSetup
 from .proposers.suffix_store import SuffixStore
 from .request import SpecRequest, run_alone
@@ -135,6 +136,8 @@ class Engine:
         # Past outputs that `suffix` drafts from, shared by every request of this engine
         # (and so by every request a server runs); replace it to change its bounds.
         self.suffix_store = SuffixStore()
+        # `auto`'s measured price per candidate call, carried from request to request.
+        self.auto_prices: dict[str, CandidatePrices] = {}
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -213,7 +216,8 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)
         proposer = proposers.build(ProposerSetup(
             self.target, spec, sampling, generator,
-            {"load_draft": self.load_draft, "suffix_store": self.suffix_store}))
+            {"load_draft": self.load_draft, "suffix_store": self.suffix_store,
+             "auto_prices": self.auto_prices}))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"

@@ -18,7 +18,8 @@ measures per candidate:
   goes to one candidate's probes (its measured seconds per probe over the measured
   seconds between steps), so a head whose call costs a good part of a target pass is not
   probed every few steps on text where no candidate clearly wins.
-- its draft price, seconds per requested token (economics.DraftPrice), and how many
+- its draft price, seconds per requested token (economics.DraftPrice, carried from one
+  request of an Engine to the next: CandidatePrices), and how many
   positions its proposals feed per requested token (a tree feeds more than its depth; a
   lookup that found less feeds fewer), which is what its pass costs on the step-cost curve.
 
@@ -44,6 +45,7 @@ the same lossless verification.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -126,6 +128,15 @@ class Track:
         return tally
 
 
+@dataclass
+class CandidatePrices:
+    """What one candidate's calls cost in an Engine's earlier requests. A call's price is
+    the machine's and the model's, not the text's, so a new request starts from it;
+    unseeded, a head's first calls in every request were priced at the prior, free."""
+    draft: DraftPrice  # seconds per requested draft token
+    probe: DraftPrice  # seconds per probe
+
+
 class AutoProposer(Proposer):
     name = "auto"
     # At a step its policy drafts nothing, `auto` is still asked (as for a shadow guess):
@@ -134,7 +145,8 @@ class AutoProposer(Proposer):
 
     def __init__(self, candidates: dict[str, Proposer], decay: float = 0.8,
                  probe_every: int = 8, probe_max: int = 64, held_rows: int = 512,
-                 probe_share: float = 0.01) -> None:
+                 probe_share: float = 0.01,
+                 prices: dict[str, CandidatePrices] | None = None) -> None:
         if not candidates:
             raise ValueError("auto needs at least one candidate proposer")
         if not 1 <= probe_every <= probe_max:
@@ -144,6 +156,13 @@ class AutoProposer(Proposer):
         self.tracks = {name: Track(p, backoff=Backoff(probe_every, probe_max),
                                    next_probe=probe_every, held=HeldRows(held_rows))
                        for name, p in candidates.items()}
+        # The Engine's prices (shared by its requests): each track starts from a copy, and
+        # writes its own back when the request ends.
+        self._prices = prices
+        for name, known in (prices or {}).items():
+            if name in self.tracks:
+                self.tracks[name].price = copy.copy(known.draft)
+                self.tracks[name].probe_price = copy.copy(known.probe)
         self.hidden_layers = tuple(sorted({layer for p in candidates.values()
                                            for layer in p.hidden_layers}))
         self.decay = decay
@@ -180,8 +199,11 @@ class AutoProposer(Proposer):
             track.proposer.verified(rows)
 
     def finished(self, ctx: DraftContext) -> None:
-        for track in self.tracks.values():
+        for name, track in self.tracks.items():
             track.proposer.finished(ctx)
+            if self._prices is not None and track.price.measured is not None:
+                self._prices[name] = CandidatePrices(copy.copy(track.price),
+                                                     copy.copy(track.probe_price))
 
     def alphas(self, ctx: DraftContext, z: float = 0.0) -> dict[str, float]:
         """Each candidate's acceptance under its key for this step, `z` standard errors
@@ -353,4 +375,4 @@ def _build(setup: ProposerSetup) -> Proposer:
     if not candidates:
         raise ValueError("auto: no candidate proposer could be built for this target "
                          "(see the log for each candidate's reason)")
-    return AutoProposer(candidates)
+    return AutoProposer(candidates, prices=setup.resources.get("auto_prices"))
