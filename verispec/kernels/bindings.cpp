@@ -6,13 +6,14 @@
 
 namespace {
 
-const int64_t* stream_of(const py::buffer& buffer, int64_t* size) {
-  const py::buffer_info info = buffer.request();
+// A stream's buffer, checked to be int64 (array('q')); the caller keeps it alive while
+// it reads the pointer.
+py::buffer_info stream_of(const py::buffer& buffer) {
+  py::buffer_info info = buffer.request();
   if (info.ndim != 1 || info.itemsize != 8 || (info.format != "q" && info.format != "l")) {
     throw std::invalid_argument("suffix_lookup: streams must be array('q') of int64");
   }
-  *size = info.shape[0];
-  return static_cast<const int64_t*>(info.ptr);
+  return info;
 }
 
 py::tuple as_python(const SuffixLookup& found) {
@@ -34,24 +35,27 @@ py::tuple suffix_lookup_py(const py::buffer& context, const py::object& tokens, 
                            int64_t k, const std::vector<int64_t>& caps, double min_prob,
                            const std::vector<int64_t>& stop, int64_t tried) {
   if (caps.empty()) throw std::invalid_argument("suffix_lookup: caps is empty");
-  int64_t length = 0;
-  const int64_t* own = stream_of(context, &length);
-  const py::tuple local = as_python(suffix_scan(own, length, anchors, query, recent, k, caps, min_prob,
-                                                stop, tried));
+  const py::buffer_info own = stream_of(context);
+  const py::tuple local = as_python(suffix_scan(static_cast<const int64_t*>(own.ptr), own.shape[0], anchors,
+                                                query, recent, k, caps, min_prob, stop, tried));
   if (tokens.is_none()) return py::make_tuple(local, py::none());
-  int64_t size = 0;
-  const int64_t* stream = stream_of(tokens.cast<py::buffer>(), &size);
+  const py::buffer_info stream = stream_of(tokens.cast<py::buffer>());
+  std::vector<py::buffer_info> held;  // the chains' buffers, alive through the lookup
   std::vector<const int64_t*> links;
   for (const py::buffer& chain : chains) {
-    int64_t parallel = 0;
-    links.push_back(stream_of(chain, &parallel));
-    if (parallel != size) throw std::invalid_argument("suffix_lookup: a chain is not parallel to the stream");
+    held.push_back(stream_of(chain));
+    if (held.back().shape[0] != stream.shape[0]) {
+      throw std::invalid_argument("suffix_lookup: a chain is not parallel to the stream");
+    }
+    links.push_back(static_cast<const int64_t*>(held.back().ptr));
   }
   if (anchors.size() != heads.size() || anchors.size() != links.size()) {
     throw std::invalid_argument("suffix_lookup: anchors, heads and chains differ in length");
   }
-  return py::make_tuple(local, as_python(suffix_chains(stream, size, offset, live, anchors, heads, links,
-                                                       query, store_recent, k, caps, min_prob, stop, tried)));
+  return py::make_tuple(local, as_python(suffix_chains(static_cast<const int64_t*>(stream.ptr),
+                                                       stream.shape[0], offset, live, anchors, heads,
+                                                       links, query, store_recent, k, caps, min_prob,
+                                                       stop, tried)));
 }
 
 }  // namespace

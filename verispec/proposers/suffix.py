@@ -131,16 +131,20 @@ def native_lookup(own: array, store: SuffixIndex | None, context: list[int], k: 
     call: `own` holds the context, which the kernel scans as the request's index (one
     open sequence, `recent` newest occurrences) would find it."""
     query = context[-max_depth:]
-    shared = store
-    local, found = kernels.suffix_lookup(
-        own, shared.tokens if shared else None, shared.offset if shared else 0,
-        shared.live_start if shared else 0, shared.heads(query) if shared else [],
-        [shared.previous[n] for n in ANCHORS] if shared else [], list(ANCHORS), query, recent,
-        shared.recent if shared else 0, k, caps, min_prob, sorted(stop), MATCH_LENGTHS_TRIED)
-    out = {"request": ChainLookup(local[0], [ChainCandidate(*chain) for chain in local[1]])}
-    if found is not None:
-        out["global"] = ChainLookup(found[0], [ChainCandidate(*chain) for chain in found[1]])
+    index = ((store.tokens, store.offset, store.live_start, store.heads(query),
+              [store.previous[n] for n in ANCHORS]) if store is not None else (None, 0, 0, [], []))
+    local, shared = kernels.suffix_lookup(
+        own, *index, list(ANCHORS), query, recent, store.recent if store is not None else 0, k,
+        caps, min_prob, sorted(stop), MATCH_LENGTHS_TRIED)
+    out = {"request": _chain_lookup(local)}
+    if shared is not None:
+        out["global"] = _chain_lookup(shared)
     return out
+
+
+def _chain_lookup(found: tuple[int, list[tuple[int, list[int], list[float]]]]) -> ChainLookup:
+    longest, chains = found
+    return ChainLookup(longest, [ChainCandidate(*chain) for chain in chains])
 
 
 def _trie(continuations: list[list[int]], stop: frozenset[int]):

@@ -61,6 +61,14 @@ class StoreStats:
     memory_bytes: int  # the stream, the index and their containers (sys.getsizeof)
 
 
+def _anchor_key(tokens) -> int:
+    """The n tokens of an anchor packed into one int, exactly (ids < 2**_BITS)."""
+    key = 0
+    for token in tokens:
+        key = (key << _BITS) | token
+    return key
+
+
 class SuffixIndex:
     """Sequences and their anchor index; the last sequence may stay open and grow."""
 
@@ -124,9 +132,7 @@ class SuffixIndex:
         for n, newest in self.newest.items():
             chain = self.previous[n]
             for i in range(max(first, start + n - 1), stop):
-                key = 0
-                for j in range(i - n + 1, i + 1):
-                    key = (key << _BITS) | tokens[j - off]
+                key = _anchor_key(tokens[i - n + 1 - off:i + 1 - off])
                 chain[i - off] = newest.get(key, NONE)
                 newest[key] = i
                 self.entries += 1
@@ -173,13 +179,8 @@ class SuffixIndex:
         `recent` occurrences of its longest anchor found, longest match first."""
         query = context[-self.max_depth:]
         tokens, off, live = self.tokens, self.offset, self.live_start
-        for n in ANCHORS:
-            if len(query) < n:
-                continue
-            key = 0
-            for token in query[-n:]:
-                key = (key << _BITS) | token
-            i, chain, found = self.newest[n].get(key, NONE), self.previous[n], []
+        for n, i in zip(ANCHORS, self.heads(query)):
+            chain, found = self.previous[n], []
             while i >= live and len(found) < self.recent:  # newest first; evicted ones end it
                 m = n
                 while m < len(query) and tokens[i - m - off] == query[-1 - m]:
@@ -193,14 +194,9 @@ class SuffixIndex:
 
     def heads(self, query: list[int]) -> list[int]:
         """Per anchor length (ANCHORS), the newest end position of the query's last n
-        tokens (NONE: absent or too short): where `matches` starts each chain."""
-        out = []
-        for n in ANCHORS:
-            key = 0
-            for token in query[-n:]:
-                key = (key << _BITS) | token
-            out.append(self.newest[n].get(key, NONE) if len(query) >= n else NONE)
-        return out
+        tokens (NONE: absent or too short): where each of `matches`' chains starts."""
+        return [self.newest[n].get(_anchor_key(query[-n:]), NONE) if len(query) >= n else NONE
+                for n in ANCHORS]
 
     def continuation(self, position: int, length: int) -> list[int]:
         """Up to `length` tokens after stream position `position`, within its sequence."""
