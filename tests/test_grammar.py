@@ -302,3 +302,18 @@ def test_a_drafted_eos_after_a_grammar_that_ended_by_itself_rolls_back(engine, t
 def _ll(engine):
     engine.constraint(SamplingParams(grammar=Grammar("json_object")))  # builds llguidance's tokenizer
     return engine._ll_tokenizer
+
+
+def test_a_regex_digit_class_is_unicode_and_an_ascii_class_is_not(tokenizer):
+    """The regex dialect is llguidance's (Rust `regex`): `\\d` takes every Unicode decimal
+    digit, spelled by byte tokens, including U+16133 (Unicode 16); `[0-9]` takes ASCII only
+    (docs/structured_outputs.md). The server's tests check with `[0-9]` for this reason."""
+    from verispec.grammar import Constraint, ll_tokenizer
+
+    ll = ll_tokenizer(tokenizer, VOCAB)
+    for text, unicode_ok in (("51", True), ("8\u0663", True), ("8\U00016133", True),
+                             ("8a", False)):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for pattern, ok in ((r"\d{2}", unicode_ok), (r"[0-9]{2}", text.isascii() and unicode_ok)):
+            accepted = Constraint(Grammar("regex", pattern), ll, VOCAB).allowed_prefix(ids)
+            assert (accepted == len(ids)) == ok, (pattern, text, ids, accepted)
