@@ -18,7 +18,7 @@ from .models.loading import DEFAULT_MODEL, load_target
 from .models.quant_draft import quantized_draft
 from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
-from .proposers.auto import CandidatePrices
+from .proposers.auto_memory import AutoMemory
 from .proposers.base import ProposerSetup
 from .proposers.suffix_store import SuffixStore
 from .request import SpecRequest, run_alone
@@ -136,8 +136,9 @@ class Engine:
         # Past outputs that `suffix` drafts from, shared by every request of this engine
         # (and so by every request a server runs); replace it to change its bounds.
         self.suffix_store = SuffixStore()
-        # `auto`'s measured price per candidate call, carried from request to request.
-        self.auto_prices: dict[str, CandidatePrices] = {}
+        # `auto`'s measured price per candidate call and its costly candidates' rests,
+        # carried from request to request.
+        self.auto_memory = AutoMemory()
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -217,7 +218,7 @@ class Engine:
         proposer = proposers.build(ProposerSetup(
             self.target, spec, sampling, generator,
             {"load_draft": self.load_draft, "suffix_store": self.suffix_store,
-             "auto_prices": self.auto_prices}))
+             "auto_memory": self.auto_memory}))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"

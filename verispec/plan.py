@@ -259,7 +259,7 @@ class AutoPolicy(Policy):
         """The candidate with the highest rate at some draft length 1..room on `cost`."""
         auto, best = ctx.proposer, None
         cap = max(room, self.nodes)
-        table = cost.table(1 + cap).tolist()  # plain floats: this runs every step
+        table = cost.table_list(1 + cap)  # plain floats: this runs every step
         prior = cost.prior.draft_cost * table[1]
         for name, alpha in auto.alphas(ctx.draft, self.caution).items():
             if alpha <= 0.0:
@@ -285,7 +285,7 @@ class AutoPolicy(Policy):
     def plan(self, ctx: PlanContext, room: int) -> Plan:
         pick = self.pick(ctx, room, self.curve) if room > 0 else None
         evidence = ctx.evidence()
-        if pick is None or pick.choice.rate <= 1.0 / self.curve.table(1)[1] * (1.0 + 1e-9):
+        if pick is None or pick.choice.rate <= 1.0 / self.curve.table_list(1)[1] * (1.0 + 1e-9):
             return Plan(0, self.nodes, shadow=room > 0, evidence=evidence)
         k, turn = pick.choice.k, self._explore.tick()
         if turn is not None:

@@ -19,9 +19,14 @@ measures per candidate:
   seconds between steps), so a head whose call costs a good part of a target pass is not
   probed every few steps on text where no candidate clearly wins.
 - its draft price, seconds per requested token (economics.DraftPrice, carried from one
-  request of an Engine to the next: CandidatePrices), and how many
+  request of an Engine to the next: auto_memory.AutoMemory), and how many
   positions its proposals feed per requested token (a tree feeds more than its depth; a
   lookup that found less feeds fewer), which is what its pass costs on the step-cost curve.
+
+A costly candidate that drafted at a loss in a request (its steps' tokens, at the rate of
+the request's other steps, were worth less than its steps and probes took) rests for the
+Engine's next requests, which are built without it (auto_memory.AutoMemory): the hidden
+rows kept for it and the plan's pricing of it tax every step, not only its own.
 
 A costly candidate that is not probed is not called at all: the target's hidden rows it
 would read wait in its `HeldRows` and reach it in one call before its next probe, so an
@@ -45,7 +50,6 @@ the same lossless verification.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import math
@@ -55,6 +59,7 @@ from dataclasses import dataclass, field
 from ..acceptance import Evidence, Tally
 from ..cadence import Backoff
 from ..economics import DraftPrice
+from .auto_memory import AutoMemory, Ledger
 from .base import (DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, VerifiedRows,
                    build, register)
 
@@ -86,6 +91,7 @@ class Track:
     probe_price: DraftPrice = field(default_factory=DraftPrice)  # seconds per probe
     next_probe: int = 0  # the step of its next probe
     held: HeldRows = field(default_factory=HeldRows)  # hidden rows of the steps it skipped
+    ledger: Ledger = field(default_factory=Ledger)  # what its drafts saved in this request
 
     @property
     def interval(self) -> int:
@@ -128,15 +134,6 @@ class Track:
         return tally
 
 
-@dataclass
-class CandidatePrices:
-    """What one candidate's calls cost in an Engine's earlier requests. A call's price is
-    the machine's and the model's, not the text's, so a new request starts from it;
-    unseeded, a head's first calls in every request were priced at the prior, free."""
-    draft: DraftPrice  # seconds per requested draft token
-    probe: DraftPrice  # seconds per probe
-
-
 class AutoProposer(Proposer):
     name = "auto"
     # At a step its policy drafts nothing, `auto` is still asked (as for a shadow guess):
@@ -145,8 +142,7 @@ class AutoProposer(Proposer):
 
     def __init__(self, candidates: dict[str, Proposer], decay: float = 0.8,
                  probe_every: int = 8, probe_max: int = 64, held_rows: int = 512,
-                 probe_share: float = 0.01,
-                 prices: dict[str, CandidatePrices] | None = None) -> None:
+                 probe_share: float = 0.01, memory: AutoMemory | None = None) -> None:
         if not candidates:
             raise ValueError("auto needs at least one candidate proposer")
         if not 1 <= probe_every <= probe_max:
@@ -156,13 +152,14 @@ class AutoProposer(Proposer):
         self.tracks = {name: Track(p, backoff=Backoff(probe_every, probe_max),
                                    next_probe=probe_every, held=HeldRows(held_rows))
                        for name, p in candidates.items()}
-        # The Engine's prices (shared by its requests): each track starts from a copy, and
-        # writes its own back when the request ends.
-        self._prices = prices
-        for name, known in (prices or {}).items():
-            if name in self.tracks:
-                self.tracks[name].price = copy.copy(known.draft)
-                self.tracks[name].probe_price = copy.copy(known.probe)
+        # The Engine's memory (shared by its requests): each track starts from a copy of
+        # its prices, and the request's end writes them back with each costly
+        # candidate's verdict.
+        self._memory = memory
+        for name, track in self.tracks.items():
+            known = memory.prices(name) if memory is not None else None
+            if known is not None:
+                track.price, track.probe_price = known.draft, known.probe
         self.hidden_layers = tuple(sorted({layer for p in candidates.values()
                                            for layer in p.hidden_layers}))
         self.decay = decay
@@ -174,6 +171,8 @@ class AutoProposer(Proposer):
         # forward, the host work, the drafts), or a batch's step in serving.
         self._step_price = DraftPrice()
         self._called: float | None = None
+        self._length = 0  # the context's length at the last call
+        self._total = Ledger()  # every booked step's committed tokens and wall time
         self._seen = 0  # committed tokens already scored
         self._steps = 0
         self._best_by_key: dict[int | None, str] = {}
@@ -201,9 +200,10 @@ class AutoProposer(Proposer):
     def finished(self, ctx: DraftContext) -> None:
         for name, track in self.tracks.items():
             track.proposer.finished(ctx)
-            if self._prices is not None and track.price.measured is not None:
-                self._prices[name] = CandidatePrices(copy.copy(track.price),
-                                                     copy.copy(track.probe_price))
+            if self._memory is not None:
+                saved = None if track.proposer.free else \
+                    track.ledger.verdict(self._total.tokens, self._total.seconds)
+                self._memory.finished(name, track.price, track.probe_price, saved)
 
     def alphas(self, ctx: DraftContext, z: float = 0.0) -> dict[str, float]:
         """Each candidate's acceptance under its key for this step, `z` standard errors
@@ -259,8 +259,8 @@ class AutoProposer(Proposer):
         self._steps += 1
         now = time.perf_counter()
         if self._called is not None:
-            self._step_price.observe(now - self._called, 1)
-        self._called = now
+            self._book(len(ctx.tokens) - self._length, now - self._called)
+        self._called, self._length = now, len(ctx.tokens)
         evidence = self._evidence_for(ctx)
         key = None if evidence is None else evidence.key
         best = ctx.candidate if k > 0 and ctx.candidate in self.tracks else "none"
@@ -286,7 +286,9 @@ class AutoProposer(Proposer):
                 track.pending = []
                 continue
             start = time.perf_counter()
-            caught_up = dataclasses.replace(ctx, target_hidden=track.held.release(ctx.target_hidden))
+            held = track.held.release(ctx.target_hidden)
+            caught_up = ctx if held is ctx.target_hidden else \
+                dataclasses.replace(ctx, target_hidden=held)
             proposal = track.proposer.propose(caught_up, max(k, 1))
             seconds = time.perf_counter() - start
             track.proposed(proposal, max(k, 1), seconds, self.decay)
@@ -294,6 +296,7 @@ class AutoProposer(Proposer):
                 # A probe that would not have won backs off; one that would have is
                 # chosen next step (its alpha rose), which resets the intervals.
                 track.probe_price.observe(seconds, 1)
+                track.ledger.probes += seconds
                 track.next_probe = self._steps + max(track.backoff.interval,
                                                      self._priced_gap(track))
                 track.backoff.longer()
@@ -306,6 +309,16 @@ class AutoProposer(Proposer):
                 chosen = proposal
         self.choice = best
         return chosen
+
+    def _book(self, committed: int, seconds: float) -> None:
+        """The last step, from one call to this one: its pass, its host work and the
+        drafts, which committed `committed` tokens (several steps where calls were
+        skipped), booked to the request and to the candidate that drafted it."""
+        self._step_price.observe(seconds, 1)
+        self._total.add(committed, seconds)
+        track = self.tracks.get(self.choice)
+        if track is not None:
+            track.ledger.add(committed, seconds)
 
     def _priced_gap(self, track: Track) -> int:
         """Steps between `track`'s probes that keep them within `probe_share` of the
@@ -360,9 +373,14 @@ def _build(setup: ProposerSetup) -> Proposer:
     """Every candidate that can be built for this target, each with the request's
     tree settings (a candidate drafts a tree where the request asks for one)."""
     candidates: dict[str, Proposer] = {}
+    memory = setup.resources.get("auto_memory")
+    if memory is not None:
+        memory = memory.scope("tree" if setup.spec.tree else "chain")
     for name in CANDIDATES:
         if name == "draft" and not setup.spec.draft:
             continue  # no draft model named: not a candidate, nothing to report
+        if memory is not None and memory.skip(name):
+            continue  # a costly candidate that lost in this Engine's last requests
         try:
             spec = dataclasses.replace(setup.spec, proposer=name)
             candidates[name] = build(dataclasses.replace(setup, spec=spec))
@@ -375,4 +393,4 @@ def _build(setup: ProposerSetup) -> Proposer:
     if not candidates:
         raise ValueError("auto: no candidate proposer could be built for this target "
                          "(see the log for each candidate's reason)")
-    return AutoProposer(candidates, prices=setup.resources.get("auto_prices"))
+    return AutoProposer(candidates, memory=memory)
