@@ -127,6 +127,7 @@ def test_auto_with_tree_auto_drafts_trees_and_logs_skipped_candidates(caplog):
     """On a target with no trained head, auto keeps n-gram lookup, suffix and lookahead (drafting trees,
     as asked) and says in the log why each head candidate is absent."""
     from verispec.proposers import auto
+    from verispec.proposers.auto_memory import AutoMemory
 
     auto._said.clear()
     engine = tiny_engine()
@@ -139,6 +140,8 @@ def test_auto_with_tree_auto_drafts_trees_and_logs_skipped_candidates(caplog):
     assert any(m.startswith("auto: candidate medusa skipped: ") for m in skipped)
     want = engine.generate(prompt, SamplingParams(max_new_tokens=16), SpecConfig("none", k=0))
     assert got.token_ids == want.token_ids
+    # A fresh memory: the request above may have sent lookahead to rest (auto_memory).
+    engine.auto_memory = AutoMemory()
     request = engine.new_request(prompt, SamplingParams(max_new_tokens=16), spec)
     assert list(request.proposer.tracks) == ["ngram", "suffix", "lookahead"]  # model-free ones
     for name in ("ngram", "suffix", "lookahead"):
