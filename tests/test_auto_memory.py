@@ -99,6 +99,8 @@ def test_an_engine_carries_auto_memory_between_requests():
     memory = engine.auto_memory.scope("chain")
     known = {n: m.prices for n, m in memory.candidates.items() if m.prices}
     assert known and all(p.draft.measured is not None for p in known.values())
+    for candidate in memory.candidates.values():
+        candidate.resting = 0  # the first request's verdicts follow the clock; not tested here
     request = engine.new_request([5, 6, 7], SamplingParams(max_new_tokens=4), spec)
     for name, prices in known.items():
         assert request.proposer.tracks[name].price.measured == prices.draft.measured

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..cadence import Backoff
 from ..economics import DraftPrice
@@ -58,8 +58,8 @@ class Ledger:
 
 @dataclass
 class CandidateMemory:
+    rest: Backoff  # requests left out after a loss (AutoMemory's rest_start, rest_limit)
     prices: CandidatePrices | None = None
-    rest: Backoff = field(default_factory=lambda: Backoff(1, 16))  # requests, after a loss
     resting: int = 0  # requests still to be built without it
 
 
@@ -82,7 +82,7 @@ class AutoMemory:
 
     def _of(self, name: str) -> CandidateMemory:
         if name not in self.candidates:
-            self.candidates[name] = CandidateMemory(rest=Backoff(self.rest_start, self.rest_limit))
+            self.candidates[name] = CandidateMemory(Backoff(self.rest_start, self.rest_limit))
         return self.candidates[name]
 
     def skip(self, name: str) -> bool:
