@@ -218,6 +218,9 @@ class CostModel:
 
 
 TABLE_WIDTHS = 16  # widths StepCost.table computes at least (a chain step asks for k + 1)
+# A predicted speedup over plain decoding that an extrapolated T(1) could be hiding: a flat
+# prior stretched from a 9-row pass misjudges T(1) by up to T(9)/T(1), about 2 on this CPU.
+PLAIN_RECHECK_GAIN = 2.0
 
 
 class StepCost:
@@ -244,6 +247,17 @@ class StepCost:
     def timed(self) -> bool:
         """Whether predictions are in seconds (some step was measured) or in T(1) units."""
         return any(self._weight[i] > 0 for i in self._seen)
+
+    def plain_due(self, rate: float) -> bool:
+        """Whether a plan at `rate` should give way to a plain step that times T(1) again:
+        wider passes were measured, no one-row pass within about a half-life, and the
+        plan's predicted gain is under PLAIN_RECHECK_GAIN. Without a recent reading T(1)
+        is extrapolated down from wider passes along the prior's shape, and a flat prior
+        makes plain decoding look slower than it is, which no drafting step corrects. A
+        plain step is never slower than plain decoding."""
+        if not self.timed or self._weight[0] >= 0.5:
+            return False
+        return rate * self.table_list(1)[1] < PLAIN_RECHECK_GAIN
 
     def _grow(self, width: int) -> None:
         if width <= len(self._rel):

@@ -52,6 +52,7 @@ class Outcome:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # the forward and the verifier
     shadow: int | None = None  # a shadow guess's first token was committed (1) or not (0)
+    depth: int = 0  # the verified proposal's deepest node (a chain's length)
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class AdaptiveKPolicy(Policy):
         self._observe(StepObservation(
             plan.k, drafted, outcome.accepted, outcome.draft_seconds,
             outcome.verify_seconds if plan.own_clock else None, fed_positions=fed,
-            tree=outcome.tree), plan)
+            tree=outcome.tree, depth=outcome.depth if outcome.tree else None), plan)
         if outcome.shadow is not None:
             self.controller.observe_shadow(1, outcome.shadow)
 
@@ -232,16 +233,17 @@ class AutoPolicy(Policy):
     one controller decides (the candidates draft what the plan orders).
 
     For candidate c at draft length j <= room, a pass commits E_c(j) =
-    chain_tokens(alpha_c, depth_c * j) tokens (alpha_c: its acceptance under the step's
+    chain_tokens(alpha_c, depth_c(j)) tokens (alpha_c: its acceptance under the step's
     evidence key, `SpecConfig.auto_caution` standard errors down, since the best of several
-    few-outcome estimates is the luckiest one (acceptance.Tally.lower); depth_c: the depth
-    its proposals reach per requested token) and costs
+    few-outcome estimates is the luckiest one (acceptance.Tally.lower); depth_c(j): the depth
+    its proposals of j reach) and costs
     T(1 + nodes_c(j)) + price_c * j: the request's step-cost curve at the width the pass
-    feeds (nodes_c per requested token, so a tree or a wide lookahead step is priced as
+    feeds (c's draft_shape.DraftShape, so a tree or a wide lookahead step is priced as
     the wider pass it is, capped at the tree budget) plus c's draft price. The argmax
     over (c, j), plain decoding (j = 0) included, is the plan; every `explore_every`-th
     drafting step drafts one more or one fewer (cadence.Explore), so that the widths next
-    to the choice are measured too. At j = 0 `auto` is still asked for its free
+    to the choice are measured too, and a plain step re-times T(1) when it has gone
+    stale and the plan's gain is not clear (StepCost.plain_due). At j = 0 `auto` is still asked for its free
     candidates' guesses and due probes (AutoProposer.free), so no choice is absorbing.
     """
     adaptive = True
@@ -266,15 +268,15 @@ class AutoPolicy(Policy):
                 continue  # nothing to draft (a free candidate without a match) or no hope
             track = auto.tracks[name]
             price = track.price.per_token(prior) if cost.timed else prior
-            nodes, depth = track.nodes_per_draft, track.depth_per_draft
+            nodes, depth = track.shape.tables(room)  # what a step of j feeds and reaches
             if best is not None and alpha < 1.0:
                 # An endless chain at its cheapest pass (one draft) bounds every length's
                 # rate: a candidate that cannot pass the best so far is not priced.
-                cheapest = table[round(1 + min(nodes, cap))] + price
+                cheapest = table[round(1 + min(nodes[1], cap))] + price
                 if 1.0 / (1.0 - alpha) / cheapest <= best.choice.rate * (1.0 + 1e-9):
                     continue
-            tokens = [chain_tokens(alpha, depth * j) for j in range(1, room + 1)]
-            seconds = [table[round(1 + min(nodes * j, cap))] + price * j
+            tokens = [chain_tokens(alpha, depth[j]) for j in range(1, room + 1)]
+            seconds = [table[round(1 + min(nodes[j], cap))] + price * j
                        for j in range(1, room + 1)]
             choice = best_rate(tokens, seconds)
             choice = Choice(choice.k + 1, choice.tokens_per_pass, choice.seconds_per_pass)
@@ -287,6 +289,9 @@ class AutoPolicy(Policy):
         evidence = ctx.evidence()
         if pick is None or pick.choice.rate <= 1.0 / self.curve.table_list(1)[1] * (1.0 + 1e-9):
             return Plan(0, self.nodes, shadow=room > 0, evidence=evidence)
+        if self.curve.plain_due(pick.choice.rate):
+            # Time T(1) again (economics.StepCost.plain_due); free guesses still score.
+            return Plan(0, self.nodes, shadow=True, evidence=evidence)
         k, turn = pick.choice.k, self._explore.tick()
         if turn is not None:
             k = min(k + 1, room) if turn % 2 == 0 else k - 1

@@ -18,10 +18,17 @@ what keeps adaptive decoding from being slower than plain decoding for long.
   number of fed positions n, and of draft seconds per requested token, over a
   prior `CostModel` (a profile from `verispec profile` via
   `economics.load_profile`, or linear) whose shape fills in unmeasured widths.
+* Step shape (verispec.draft_shape.DraftShape): the positions a step of k fed and
+  the depth it reached. A chain of k feeds k; a tree step (lookahead's window and
+  guesses, a fixed `--tree` budget) feeds its nodes at any k, so k is priced at
+  that width and credited only the depth it reaches.
 
 Estimates beyond the chosen k are extrapolations, and a pessimistic one would
 never be corrected, so every `explore_every`-th speculative step tries k + 1 or
 k - 1 (alternately); the rate curve is flat near its optimum, so this is cheap.
+For the same reason a plain step is taken whenever T(1), the rate every draft is
+weighed against, has not been timed for a half-life and the plan's gain is not
+clear (StepCost.plain_due).
 
 k = 0 produces no acceptance evidence, so it must not be absorbing. Two ways out:
 
@@ -58,7 +65,9 @@ import numpy as np
 
 from .acceptance import DepthAcceptance, Evidence
 from .cadence import Backoff, Explore
-from .economics import Choice, CostModel, DraftPrice, StepCost, best_draft
+from .draft_shape import DraftShape
+from .economics import (Choice, CostModel, DraftPrice, StepCost, best_draft, best_rate,
+                        tokens_per_pass)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class StepObservation:
     # A tree step: drafted/accepted then count depths along the accepted path (censored:
     # drafted = accepted when the path ended at a leaf, else accepted + 1).
     tree: bool = False
+    depth: int | None = None  # a tree step: its proposal's deepest node (None: drafted)
 
     def __post_init__(self) -> None:
         if not 0 <= self.accepted <= self.drafted:
@@ -113,6 +123,8 @@ class AdaptiveK:
         # and the draft price every policy uses (economics.DraftPrice).
         self.curve = StepCost(self.cost, fused=True, half_life=cost_half_life)
         self.draft_price = DraftPrice(cost_half_life)
+        # What a tree step feeds and reaches per k (a chain of k until a tree step is seen).
+        self.shape = DraftShape(half_life)
         self._pooled = DepthAcceptance(max_depth, half_life, prior_alpha, prior_strength,
                                        pool_strength, change_window, change_p)
         self._estimate = (max_depth, half_life, pool_strength, change_window, change_p)
@@ -170,10 +182,12 @@ class AdaptiveK:
     def step_seconds(self, max_k: int) -> list[float]:
         """Predicted seconds of one pass for k = 0..max_k (T(1) units before any timing):
         the request's step-cost curve (economics.StepCost: measured widths, the prior's
-        shape rescaled between them, convex beyond) plus the draft seconds per token."""
-        verify = self.curve.table_list(max_k + 1)[1:max_k + 2]
-        per_token = self._draft_per_token(verify[0])
-        return [seconds + per_token * k for k, seconds in enumerate(verify)]
+        shape rescaled between them, convex beyond) at the width a step of k feeds
+        (`shape`: k + 1 for a chain), plus the draft seconds per token."""
+        widths = [1.0 + nodes for nodes in self.shape.tables(max_k)[0]]
+        table = self.curve.table_list(math.ceil(max(widths)))
+        per_token = self._draft_per_token(table[1])
+        return [_between(table, width) + per_token * k for k, width in enumerate(widths)]
 
     def verify_seconds(self, positions: int) -> float:
         """Predicted seconds of one target forward over `positions` fed positions."""
@@ -194,7 +208,12 @@ class AdaptiveK:
         k_max = max(0, min(max_k, self.max_depth))
         estimate = self._estimate_of(evidence)
         alphas = estimate.alpha_list() if estimate is not None else [evidence.prior_alpha] * k_max
-        return best_draft(alphas[:k_max], self.step_seconds(k_max))
+        if not self.shape.observed:
+            return best_draft(alphas[:k_max], self.step_seconds(k_max))
+        # A tree step reaches no deeper than its shape: tokens at that depth, not at k.
+        tokens = tokens_per_pass(alphas[:k_max]).tolist()
+        return best_rate([_between(tokens, depth) for depth in self.shape.tables(k_max)[1]],
+                         self.step_seconds(k_max))
 
     def choose(self, max_k: int, evidence: Evidence | None = None) -> int:
         """Draft length for the next step, at most max_k (the engine's room
@@ -206,6 +225,8 @@ class AdaptiveK:
         if max_k <= 0:
             return 0
         best = self.best(max_k, evidence)
+        if best.k > 0 and self.curve.plain_due(best.rate):
+            return 0  # time T(1) again (economics.StepCost.plain_due)
         if best.k > 0:
             self._probe.reset()
             self._idle, self._probing = 0, False
@@ -232,6 +253,9 @@ class AdaptiveK:
                 self._probe.reset()
             self._probing = False
         self._accept(obs.drafted, obs.accepted)
+        if obs.tree and obs.k_requested > 0:
+            self.shape.observe(obs.k_requested, obs.positions - 1,
+                               obs.depth if obs.depth is not None else obs.drafted)
         self._time(obs)
 
     def seed(self, alpha: float, strength: float) -> None:
@@ -273,3 +297,11 @@ class AdaptiveK:
         self._pooled.add(drafted, accepted)
         if self._evidence is not None and self._evidence in self._by_evidence:
             self._by_evidence[self._evidence].add(drafted, accepted)
+
+
+def _between(table: list[float], x: float) -> float:
+    """table at a fractional index, linear between its neighbours."""
+    low = min(int(x), len(table) - 1)
+    if low == len(table) - 1:
+        return table[low]
+    return table[low] + (table[low + 1] - table[low]) * (x - low)

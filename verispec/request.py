@@ -159,9 +159,13 @@ class SpecRequest:
 
 
 def outcome(drafted: Drafted, committed: Committed) -> Outcome:
-    return Outcome(committed.drafted, committed.num_accepted, drafted.draft.tree is not None,
+    tree = drafted.draft.tree
+    # The engine may have cut the tree to a prefix of its nodes; none lies deeper than that.
+    depth = (min(tree.tree.max_depth, committed.drafted) if tree is not None
+             else committed.drafted)
+    return Outcome(committed.drafted, committed.num_accepted, tree is not None,
                    committed.leaf, drafted.seconds, committed.verify_seconds,
-                   drafted.shadow_matched(committed.tokens))
+                   drafted.shadow_matched(committed.tokens), depth)
 
 
 def forward(target: TargetModel, item: BatchItem) -> ForwardOutput:

@@ -100,6 +100,9 @@ class AdaptiveTree:
             return 0
         explore = self._explore.tick() is not None
         plan = self.plan(max_k)
+        if plan.nodes and self.chain.curve.plain_due(plan.rate):
+            self.nodes = 0
+            return 0  # time T(1) again (economics.StepCost.plain_due)
         if plan.nodes == 0:
             # The chain's own controller keeps its probes and exploration.
             self.nodes = 0
@@ -117,6 +120,9 @@ class AdaptiveTree:
         ladder = (0,) + self.budgets
         at = ladder.index(plan.nodes)
         near = [b for b in ladder[max(0, at - 1):at + 2] if b and b != plan.nodes]
+        if not near:  # one budget (a cap of at most the smallest): nothing beside it
+            self.nodes = plan.nodes
+            return plan.k
         self.nodes = min(near, key=lambda b: (self.tried[b], b))
         return max(1, min(plan.k, self.nodes, max_k))
 

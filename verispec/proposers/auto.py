@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 
 from ..acceptance import Evidence, Tally
 from ..cadence import Backoff
+from ..draft_shape import DraftShape
 from ..economics import DraftPrice
 from .auto_memory import AutoMemory, Ledger
 from .base import (DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, VerifiedRows,
@@ -78,11 +79,9 @@ class Track:
     # alpha 0.5, fading as outcomes arrive)
     by_key: dict[int, Tally] = field(default_factory=dict)  # outcomes under each evidence key
     price: DraftPrice = field(default_factory=DraftPrice)  # seconds per requested draft token
-    # Discounted positions fed, depth reached and depth requested over its proposals
-    # (prior: one requested draft that fed one position).
-    fed: float = 1.0
-    reached: float = 1.0
-    asked: float = 1.0
+    # What its proposals feed and reach per requested length (a chain of k
+    # until seen); the half-life follows the proposer's decay (AutoProposer).
+    shape: DraftShape = field(default_factory=DraftShape)
     pending: list[list[int]] = field(default_factory=list)  # its last guess as root-to-leaf
     # paths (one for a chain), awaiting the verdict
     pending_key: int | None = None  # the evidence key the guess was made under
@@ -97,23 +96,13 @@ class Track:
     def interval(self) -> int:
         return self.backoff.interval
 
-    @property
-    def nodes_per_draft(self) -> float:
-        """Positions its proposals feed per requested draft token (a tree's nodes)."""
-        return self.fed / self.asked
-
-    @property
-    def depth_per_draft(self) -> float:
-        """Depth its proposals reach per requested draft token (<= 1)."""
-        return self.reached / self.asked
-
-    def proposed(self, proposal: Proposal, k: int, seconds: float, decay: float) -> None:
+    def proposed(self, proposal: Proposal, k: int, seconds: float) -> None:
         tree = proposal.tree
         self.price.observe(seconds, k)
-        self.fed = decay * self.fed + (len(tree) if tree is not None else len(proposal))
-        self.reached = decay * self.reached + min(k, tree.max_depth if tree is not None
-                                                  else len(proposal))
-        self.asked = decay * self.asked + k
+        if tree is not None:
+            self.shape.observe(k, len(tree), tree.max_depth)
+        else:
+            self.shape.observe(k, len(proposal), len(proposal))
 
     @property
     def alpha(self) -> float:
@@ -149,8 +138,12 @@ class AutoProposer(Proposer):
             raise ValueError(f"need 1 <= probe_every <= probe_max, got {probe_every}, {probe_max}")
         if not probe_share > 0:
             raise ValueError(f"probe_share must be > 0, got {probe_share}")
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        half_life = math.log(0.5) / math.log(decay)
         self.tracks = {name: Track(p, backoff=Backoff(probe_every, probe_max),
-                                   next_probe=probe_every, held=HeldRows(held_rows))
+                                   next_probe=probe_every, held=HeldRows(held_rows),
+                                   shape=DraftShape(half_life))
                        for name, p in candidates.items()}
         # The Engine's memory (shared by its requests): each track starts from a copy of
         # its prices, and the request's end writes them back with each costly
@@ -291,7 +284,7 @@ class AutoProposer(Proposer):
                 dataclasses.replace(ctx, target_hidden=held)
             proposal = track.proposer.propose(caught_up, max(k, 1))
             seconds = time.perf_counter() - start
-            track.proposed(proposal, max(k, 1), seconds, self.decay)
+            track.proposed(proposal, max(k, 1), seconds)
             if probe:
                 # A probe that would not have won backs off; one that would have is
                 # chosen next step (its alpha rose), which resets the intervals.
