@@ -13,11 +13,12 @@ from conftest import CharTokenizer
 from tree_support import Recorded
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.draft_shape import DraftShape, Shape
-from verispec.economics import CostModel
+from verispec.economics import CostModel, StepCost
 from verispec.metrics import Stats
 from verispec.policy import AdaptiveK, StepObservation
 from verispec.proposers.lookahead import LookaheadProposer, LookaheadSettings
 from verispec.request import SpecRequest, run_alone
+from verispec.serving.cost import Candidate, allocate
 from verispec.tree_policy import AdaptiveTree
 from verispec.stopping import Stopper
 
@@ -216,3 +217,20 @@ def test_tree_auto_with_a_single_budget_explores_without_failing():
         assert tree.choose(4) == 4 and tree.nodes == 4
         tree.observe(StepObservation(4, 4, 4, 0.0, T1 * STEEP.relative_time(5),
                                      fed_positions=5, tree=True))
+
+
+def test_the_batch_allocator_prices_a_tree_request_at_its_width():
+    """Serving: a lookahead request whose step feeds 3 nodes at any k, at 25% acceptance
+    on a steep curve, is a 4-row pass for 1.25 tokens and gets no drafts; priced as a
+    chain (no shape) the same request looked like a 2-row pass and drafted. At 80% the
+    tree pays and drafts one level: deeper would feed no more and reach no deeper."""
+    cost = StepCost(STEEP, fused=True)
+    lookahead = ([0.0] + [3.0] * 4, [0.0] + [1.0] * 4)
+    assert allocate([Candidate(1, 4, [0.25] * 4, shape=lookahead)], cost) == [0]
+    assert allocate([Candidate(1, 4, [0.25] * 4)], cost) != [0]
+    assert allocate([Candidate(1, 4, [0.8] * 4, shape=lookahead)], cost) == [1]
+    # Requests run one after another (an unfused backend): two such trees and a chain at
+    # the same acceptance, and only the chain drafts.
+    ks = allocate([Candidate(1, 4, [0.3] * 4, shape=lookahead)] * 2
+                  + [Candidate(1, 4, [0.3] * 4)], StepCost(STEEP, fused=False))
+    assert ks[:2] == [0, 0] and ks[2] >= 1

@@ -65,6 +65,9 @@ class Quote:
     draft_seconds: float | None = None  # measured seconds per requested draft token
     nodes: int = 0  # the tree node budget a step keeps when its depth is chosen for it
     candidate: str | None = None  # `auto`: the candidate these alphas and price are its
+    # Positions fed and depth reached for k = 0..room (draft_shape.DraftShape.tables) when a
+    # step is not a chain of k; None: a chain.
+    shape: tuple[Sequence[float], Sequence[float]] | None = None
 
     def plan(self, k: int) -> Plan:
         """The plan of a step whose draft length the allocator chose (clipped to room)."""
@@ -168,7 +171,12 @@ class AdaptiveKPolicy(Policy):
     def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
         evidence = ctx.evidence()
         alphas = self.controller.begin_step(evidence)  # the outcome is counted under it too
-        return Quote(room, alphas, False, evidence, self.seconds_per_draft, self.nodes)
+        return Quote(room, alphas, False, evidence, self.seconds_per_draft, self.nodes,
+                     shape=self._shape(room))
+
+    def _shape(self, room: int) -> tuple[list[float], list[float]] | None:
+        shape = self.controller.shape
+        return shape.tables(room) if shape.observed else None
 
     def seed(self, alpha: float, strength: float) -> None:
         self.controller.seed(alpha, strength)
@@ -203,6 +211,9 @@ class AdaptiveTreePolicy(AdaptiveKPolicy):
 
     def _step_nodes(self) -> int:
         return self.controller.nodes  # chosen with k by the last `choose`
+
+    def _shape(self, room: int) -> None:
+        return None  # its budgets are priced by the tree policy, not a batch's shape
 
     def _observe(self, obs: StepObservation, plan: Plan) -> None:
         self.controller.observe(obs, nodes=plan.nodes)
@@ -303,8 +314,10 @@ class AutoPolicy(Policy):
         evidence = ctx.evidence()
         if pick is None:
             return Quote(room, (0.0,), False, evidence, None, self.nodes)
+        shape = ctx.proposer.tracks[pick.candidate].shape
         return Quote(room, (pick.alpha,), False, evidence, pick.price, self.nodes,
-                     candidate=pick.candidate)
+                     candidate=pick.candidate,
+                     shape=shape.tables(room) if shape.observed else None)
 
     def _learn(self, plan: Plan, outcome: Outcome) -> None:
         if not (plan.own_clock and outcome.verify_seconds):

@@ -81,6 +81,22 @@ class Candidate:
     fixed: bool = False  # the request asked for a fixed k: it drafts k_cap, not chosen here
     draft_seconds: float | None = None  # measured seconds per requested draft token
     decoding: bool = True  # False for a prefill, which commits no token this step
+    # Positions fed and depth reached for k = 0..k_cap (draft_shape.DraftShape.tables):
+    # a lookahead step feeds its whole tree at any k. None: a chain of k.
+    shape: tuple[Sequence[float], Sequence[float]] | None = None
+
+    def fed(self, k: int) -> int:
+        """Positions a step of k drafts feeds, its committed token included."""
+        return self.base_width + (k if self.shape is None else round(self.shape[0][k]))
+
+    def gains(self, cap: int) -> list[float]:
+        """E(k) - 1 for k = 0..cap, at the depth a step of k reaches."""
+        gain = accepted_per_pass(depths(self.alphas, cap)).tolist()
+        if self.shape is None:
+            return gain
+        reach = self.shape[1]
+        return [gain[int(d)] + (gain[min(int(d) + 1, cap)] - gain[int(d)]) * (d - int(d))
+                for d in reach[:cap + 1]]
 
 
 def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.0,
@@ -100,13 +116,13 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
     caps = [max(0, c.k_cap) if c.decoding else 0 for c in candidates]
     ks = [cap if c.fixed else 0 for c, cap in zip(candidates, caps)]
     free = [0 if c.fixed else cap for c, cap in zip(candidates, caps)]  # what may still be added
-    widths = [c.base_width + k for c, k in zip(candidates, ks)]
-    table = cost.table(max(sum(widths) + sum(free), 1))
+    widths = [c.fed(k) for c, k in zip(candidates, ks)]
+    table = cost.table(max(sum(max(c.fed(k) for k in range(cap + 1))
+                           for c, cap in zip(candidates, caps)), 1))
     # Draft prices: measured seconds once the cost model is in seconds, else the prior's c.
     price = [c.draft_seconds if (c.draft_seconds is not None and cost.timed)
              else cost.prior.draft_cost * table[1] for c in candidates]
-    gains = [accepted_per_pass(depths(c.alphas, cap)).tolist()
-             for c, cap in zip(candidates, caps)]  # E(k) - 1, k = 0..cap
+    gains = [c.gains(cap) for c, cap in zip(candidates, caps)]  # E(k) - 1, k = 0..cap
     tokens = sum(1.0 + g[k] for c, g, k in zip(candidates, gains, ks) if c.decoding)
     total = sum(widths)
     verify = table[total] if cost.fused else sum(table[w] for w in widths)
@@ -121,13 +137,15 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
         for i in sorted(range(len(free)), key=ks.__getitem__):
             k = ks[i]
             for m in range(1, free[i] + 1):
-                v = (table[total + m] if cost.fused
-                     else verify - table[widths[i]] + table[widths[i] + m])
+                added = candidates[i].fed(k + m) - widths[i]  # m for a chain
+                v = (table[total + added] if cost.fused
+                     else verify - table[widths[i]] + table[widths[i] + added])
                 gain = gains[i][k + m] - gains[i][k]
                 r = (tokens + gain) / (v + host + price[i] * m)
+                per_position = gain / max(added, 1)
                 # Ties go to fewer drafts: an overestimated alpha then wastes less.
-                if r > rate * (1.0 + 1e-9) and (best is None or (gain / m, r) > best[:2]):
-                    best = (gain / m, r, i, m, v)
+                if r > rate * (1.0 + 1e-9) and (best is None or (per_position, r) > best[:2]):
+                    best = (per_position, r, i, m, v)
         if best is None:
             return ks if rate > baseline * (1.0 + margin) else start
         _, _, i, m, verify = best
@@ -135,5 +153,5 @@ def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.
         host += price[i] * m
         ks[i] += m
         free[i] -= m
-        widths[i] += m
-        total += m
+        total += candidates[i].fed(ks[i]) - widths[i]
+        widths[i] = candidates[i].fed(ks[i])
