@@ -82,3 +82,14 @@ def test_the_build_carries_the_amx_path():
                           check=True).stdout
     for instruction in ("ldtilecfg", "tdpbf16ps", "tileloadd", "vdpbf16ps"):
         assert instruction in text, instruction
+
+
+def test_each_source_tree_builds_in_its_own_folder(tmp_path, monkeypatch):
+    """Two checkouts must not share a build folder: torch keys a build on its sources'
+    paths, so they would rebuild it in turn and wait on each other's lock."""
+    from verispec.kernels.build import build_dir
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    ours, other = build_dir(), build_dir(tmp_path / "another checkout")
+    assert ours != other and ours.parent == other.parent == tmp_path / "kernels"
+    assert build_dir() == ours and ours.is_dir()

@@ -9,14 +9,15 @@ One build serves both instruction sets: AMX code runs only where init() found
 AMX and the OS granted its tile state, so the module loads on any CPU with
 AVX-512-BF16 (Intel Cooper Lake and later, AMD Zen 4 and later).
 
-The build lands in $VERISPEC_CACHE/kernels (default ~/.cache/verispec/kernels)
-and later imports reuse it; torch's cpp_extension rebuilds when the source or
+The build lands in $VERISPEC_CACHE/kernels/<source tree> (default
+~/.cache/verispec/kernels/...) and later imports reuse it; torch's cpp_extension rebuilds when the source or
 flags change. Anything that stops the kernels (no AVX-512-BF16, no compiler, a
 failed build, VERISPEC_NO_KERNELS=1) yields None and one warning: callers keep
 their oneDNN path, so the project works without it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -42,10 +43,15 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def _build_dir() -> Path:
+def build_dir(sources: Path = _HERE) -> Path:
+    """Where the kernels of the source tree at `sources` are built: one folder per tree.
+    torch keys a build on its sources' paths, so two checkouts (a clone beside an
+    editable install) sharing a folder rebuilt it in turn, and a process killed mid-build
+    left torch's lock behind for the other to wait on."""
     from ..paths import cache_root
 
-    path = cache_root() / "kernels"
+    tree = hashlib.sha256(str(sources.resolve()).encode()).hexdigest()[:12]
+    path = cache_root() / "kernels" / tree
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -66,7 +72,7 @@ def build():
         # already loaded, so at::parallel_for shares torch's one thread pool.
         module = load(name="verispec_kernels", sources=[str(p) for p in _SOURCES],
                       extra_cflags=_FLAGS, extra_include_paths=[str(_HERE)], extra_ldflags=["-fopenmp"],
-                      build_directory=str(_build_dir()), verbose=False)
+                      build_directory=str(build_dir()), verbose=False)
         if not module.init():
             warnings.warn("verispec: native kernels off (the CPU reports no AVX-512-BF16); "
                           "using oneDNN", stacklevel=3)
