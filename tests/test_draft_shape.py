@@ -12,7 +12,7 @@ import torch
 from conftest import CharTokenizer
 from tree_support import Recorded
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.draft_shape import DraftShape, Shape
+from verispec.draft_shape import DraftShape, Shape, between
 from verispec.economics import CostModel, StepCost
 from verispec.metrics import Stats
 from verispec.policy import AdaptiveK, StepObservation
@@ -140,6 +140,8 @@ def test_shape_estimator():
         shape.observe(0, 1, 1)
     with pytest.raises(ValueError):
         DraftShape(half_life=0.0)
+    # A fractional width or depth reads the table linearly, and the last entry past its end.
+    assert between([0.0, 1.0, 4.0], 1.5) == 2.5 and between([0.0, 1.0], 5.0) == 1.0
 
 
 def test_lookahead_requests_learn_their_tree_width_and_equal_plain(tiny_native):

@@ -92,3 +92,12 @@ class DraftShape:
             tables = ([nodes for nodes, _ in rows], [depth for _, depth in rows])
             self._tables[max_k] = tables
         return tables
+
+
+def between(table: list[float], x: float) -> float:
+    """`table` at a fractional index x >= 0, linear between its neighbours (the last entry
+    beyond the end): what a policy reads at a shape's fractional width or depth."""
+    low = min(int(x), len(table) - 1)
+    if low == len(table) - 1:
+        return table[low]
+    return table[low] + (table[low + 1] - table[low]) * (x - low)

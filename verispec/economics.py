@@ -219,7 +219,8 @@ class CostModel:
 
 TABLE_WIDTHS = 16  # widths StepCost.table computes at least (a chain step asks for k + 1)
 # A predicted speedup over plain decoding that an extrapolated T(1) could be hiding: a flat
-# prior stretched from a 9-row pass misjudges T(1) by up to T(9)/T(1), about 2 on this CPU.
+# prior stretched from a 9-row pass misjudges T(1) by up to T(9)/T(1) (the measured curves
+# are in docs/lookahead.md and docs/suffix.md).
 PLAIN_RECHECK_GAIN = 2.0
 
 

@@ -65,7 +65,7 @@ import numpy as np
 
 from .acceptance import DepthAcceptance, Evidence
 from .cadence import Backoff, Explore
-from .draft_shape import DraftShape
+from .draft_shape import DraftShape, between
 from .economics import (Choice, CostModel, DraftPrice, StepCost, best_draft, best_rate,
                         tokens_per_pass)
 
@@ -187,7 +187,7 @@ class AdaptiveK:
         widths = [1.0 + nodes for nodes in self.shape.tables(max_k)[0]]
         table = self.curve.table_list(math.ceil(max(widths)))
         per_token = self._draft_per_token(table[1])
-        return [_between(table, width) + per_token * k for k, width in enumerate(widths)]
+        return [between(table, width) + per_token * k for k, width in enumerate(widths)]
 
     def verify_seconds(self, positions: int) -> float:
         """Predicted seconds of one target forward over `positions` fed positions."""
@@ -212,7 +212,7 @@ class AdaptiveK:
             return best_draft(alphas[:k_max], self.step_seconds(k_max))
         # A tree step reaches no deeper than its shape: tokens at that depth, not at k.
         tokens = tokens_per_pass(alphas[:k_max]).tolist()
-        return best_rate([_between(tokens, depth) for depth in self.shape.tables(k_max)[1]],
+        return best_rate([between(tokens, depth) for depth in self.shape.tables(k_max)[1]],
                          self.step_seconds(k_max))
 
     def choose(self, max_k: int, evidence: Evidence | None = None) -> int:
@@ -298,10 +298,3 @@ class AdaptiveK:
         if self._evidence is not None and self._evidence in self._by_evidence:
             self._by_evidence[self._evidence].add(drafted, accepted)
 
-
-def _between(table: list[float], x: float) -> float:
-    """table at a fractional index, linear between its neighbours."""
-    low = min(int(x), len(table) - 1)
-    if low == len(table) - 1:
-        return table[low]
-    return table[low] + (table[low + 1] - table[low]) * (x - low)

@@ -46,6 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..draft_shape import between
 from ..economics import CostModel, StepCost, accepted_per_pass, depths
 
 # Dense just past 16: AMX tiles hold 16 rows, and the step after a full tile of decode
@@ -94,9 +95,7 @@ class Candidate:
         gain = accepted_per_pass(depths(self.alphas, cap)).tolist()
         if self.shape is None:
             return gain
-        reach = self.shape[1]
-        return [gain[int(d)] + (gain[min(int(d) + 1, cap)] - gain[int(d)]) * (d - int(d))
-                for d in reach[:cap + 1]]
+        return [between(gain, depth) for depth in self.shape[1][:cap + 1]]
 
 
 def allocate(candidates: Sequence[Candidate], cost: StepCost, margin: float = 0.0,
