@@ -77,15 +77,27 @@ def expected_tokens(alpha: float, k: int) -> float:
     return chain_tokens(_check_alpha(alpha), _check_k(k))
 
 
-def accepted_per_pass(alphas: Sequence[float]) -> np.ndarray:
-    """E(k) - 1, the expected accepted drafts, for k = 0..len(alphas), with the
-    acceptance alpha_i of depth i (of a chain, or of a tree's accepted path)."""
-    return np.concatenate([[0.0], np.cumsum(np.cumprod(np.asarray(alphas, dtype=float)))])
+def tokens_list(alphas: Sequence[float]) -> list[float]:
+    """E(k) for k = 0..len(alphas), with the acceptance alpha_i of depth i (of a chain, or
+    of a tree's accepted path), as plain floats: a policy asks every step for k <= ~32,
+    where numpy's per-call overhead (its caches cold after a target pass) cost more than
+    the arithmetic."""
+    tokens, reach, total = [1.0], 1.0, 1.0
+    for alpha in (alphas.tolist() if isinstance(alphas, np.ndarray) else alphas):
+        reach *= alpha
+        total += reach
+        tokens.append(total)
+    return tokens
 
 
 def tokens_per_pass(alphas: Sequence[float]) -> np.ndarray:
-    """E(k) for k = 0..len(alphas) (`accepted_per_pass` plus the target's own token)."""
-    return 1.0 + accepted_per_pass(alphas)
+    """`tokens_list` as an array."""
+    return np.array(tokens_list(alphas))
+
+
+def accepted_per_pass(alphas: Sequence[float]) -> np.ndarray:
+    """E(k) - 1, the expected accepted drafts, for k = 0..len(alphas)."""
+    return tokens_per_pass(alphas) - 1.0
 
 
 def depths(alphas: Sequence[float], k: int) -> np.ndarray:
@@ -108,14 +120,7 @@ class Choice:
 
 def best_draft(alphas: Sequence[float], seconds: Sequence[float]) -> Choice:
     """Argmax of E(k) / seconds[k] over k = 0..len(alphas), E from per-depth acceptance."""
-    # Plain floats: a policy asks this every step for k <= ~32, where numpy's per-call
-    # overhead (its caches cold after a target pass) cost more than the arithmetic.
-    tokens, reach, total = [1.0], 1.0, 1.0
-    for alpha in (alphas.tolist() if isinstance(alphas, np.ndarray) else alphas):
-        reach *= alpha
-        total += reach
-        tokens.append(total)
-    return best_rate(tokens, seconds)
+    return best_rate(tokens_list(alphas), seconds)
 
 
 def best_rate(tokens: Sequence[float], seconds: Sequence[float]) -> Choice:

@@ -176,7 +176,8 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, forward_seconds: flo
     """Verify the drafts against the forward's logits, keep the cache's accepted rows,
     append the committed tokens up to the first stop (EOS, a stop string or
     max_new_tokens, even inside an accepted block). `rows`: also report the target's
-    argmax at every fed row (`Proposer.reads_rows`)."""
+    argmax at every fed row (`Proposer.reads_rows`) when drafts were fed; a plain step's
+    one row is the committed token's, which the context already holds."""
     t0 = time.perf_counter()
     tokens, parents = draft.nodes
     if draft.tree is not None:
@@ -221,7 +222,7 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, forward_seconds: flo
     if seq.constraint is not None:
         seq.constraint.commit(committed)
     verified = None
-    if rows:
+    if rows and tokens:
         verified = VerifiedRows(tokens, parents, logits.argmax(dim=-1).tolist(), committed)
     # Cut with the tokens: nothing past EOS, a stop string or max_new_tokens (vLLM #47616).
     return Committed(committed, verdict.num_accepted, len(tokens),

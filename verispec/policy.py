@@ -67,7 +67,7 @@ from .acceptance import DepthAcceptance, Evidence
 from .cadence import Backoff, Explore
 from .draft_shape import DraftShape, between
 from .economics import (Choice, CostModel, DraftPrice, StepCost, best_draft, best_rate,
-                        tokens_per_pass)
+                        tokens_list)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class AdaptiveK:
         if not self.shape.observed:
             return best_draft(alphas[:k_max], self.step_seconds(k_max))
         # A tree step reaches no deeper than its shape: tokens at that depth, not at k.
-        tokens = tokens_per_pass(alphas[:k_max]).tolist()
+        tokens = tokens_list(alphas[:k_max])
         return best_rate([between(tokens, depth) for depth in self.shape.tables(k_max)[1]],
                          self.step_seconds(k_max))
 

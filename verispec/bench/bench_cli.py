@@ -139,6 +139,7 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
         check_equality(engine.target, prompts, records, configs, peers=peers)
     else:
         notes.append("sampling (temperature > 0): greedy-equality checks skipped")
+    notes += report.rested(records, configs)
     rows = report.summarize(records, configs)
     sweeps = report.sweep(rows, configs) if plan.sweep else []
     broken = sum(r.vs_plain.mismatch for r in rows if r.kind != PEER)

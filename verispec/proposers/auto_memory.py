@@ -1,5 +1,6 @@
 """What `auto` carries from one request of an Engine to the next (`Engine.auto_memory`,
-shared by every request a server runs).
+shared by every request a server runs), and the rests of a costly proposer under
+adaptive k (`Engine.rests`, verispec.request.SpecRequest), judged the same way.
 
 - Each candidate's prices: seconds per requested draft token and per probe. A call's
   price is the machine's and the model's, not the text's, so a new request starts from
@@ -11,7 +12,10 @@ shared by every request a server runs).
   `rest.interval` requests are built without it, an interval that doubles while it keeps
   losing and returns to its start when it earns (cadence.Backoff): on text where a head
   never pays it is part of about one request in `rest_limit`, and when the text changes
-  it is back within that many requests.
+  it is back within that many requests. A costly proposer drafting alone under adaptive
+  k (`--proposer lookahead`, a draft model) taxes its request the same way: its probes
+  and its policy's host work on every step, plain or not. While it rests its requests
+  decode plainly.
 """
 from __future__ import annotations
 
@@ -106,15 +110,22 @@ class AutoMemory:
         """A request ended: keep `name`'s prices, and for a costly candidate its verdict
         (`saved` seconds; None gives none): a loss starts a rest, a gain ends them."""
         with self._lock:
-            memory = self._of(name)
             if draft.measured is not None:
-                memory.prices = CandidatePrices(copy.deepcopy(draft), copy.deepcopy(probe))
-            if saved is None:
-                return
+                self._of(name).prices = CandidatePrices(copy.deepcopy(draft),
+                                                        copy.deepcopy(probe))
+        self.judge(name, saved)
+
+    def judge(self, name: str, saved: float | None) -> None:
+        """A request's verdict on `name` (`Ledger.verdict`, seconds its drafting saved;
+        None gives none): a loss starts a rest, a gain ends them."""
+        if saved is None:
+            return
+        with self._lock:
+            memory = self._of(name)
             if saved > 0:
                 memory.rest.reset()
                 return
             memory.resting = memory.rest.interval
             memory.rest.longer()
-            log.debug("auto: %s rests for %d requests (its drafts lost %.1f ms)", name,
-                      memory.resting, -1e3 * saved)
+        log.debug("%s rests for %d requests (its drafts lost %.1f ms)", name,
+                  memory.resting, -1e3 * saved)

@@ -132,7 +132,8 @@ class Proposer(ABC):
         "Evidence"). None: no such evidence."""
         return None
 
-    reads_rows: bool = False  # True: the engine calls verified() after every verify forward
+    # True: the engine calls verified() after every forward that fed drafts.
+    reads_rows: bool = False
 
     def verified(self, rows: VerifiedRows) -> None:
         """The target's answer at every row this proposer's last draft fed (only
