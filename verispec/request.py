@@ -64,8 +64,7 @@ class SpecRequest:
             self.policy = FixedK(spec.tree)  # at room 0: plain steps, nothing planned
         stats.rested = self.resting
         self._rests = rests if judged and not self.resting else None
-        self._drafting, self._all = Ledger(), Ledger()  # the verdict's two accounts
-        self._clock = self.started
+        self._drafting = Ledger()  # the drafting steps; the stats hold the whole request
         self.seq = new_sequence(target, prompt, sampling, spec, stopper, generator, constraint,
                                 () if self.resting else proposer.hidden_layers)
         self.drafter = Drafter(proposer)
@@ -139,8 +138,7 @@ class SpecRequest:
         if self._prefilling:
             self._prefilling = False
             prefilled(self.seq, out)
-            self._clock = time.perf_counter()
-            self.stats.time_prefill = self._clock - self.started
+            self.stats.time_prefill = time.perf_counter() - self.started
             return None
         if self._pending is None:
             raise RuntimeError("complete() without a prepared forward")
@@ -164,25 +162,25 @@ class SpecRequest:
         if self.seq.constraint is not None:
             stats.time_grammar = self.seq.constraint.seconds
             stats.grammar_forced = self.seq.constraint.forced_drafts
-        now = time.perf_counter()
-        stats.time_total = now - self.started
+        since = max(stats.time_total, stats.time_prefill)  # the last step's end
+        stats.time_total = time.perf_counter() - self.started
         if self._rests is not None:
-            self._judge(plan, len(committed.tokens), now)
+            self._judge(plan, len(committed.tokens), stats.time_total - since)
         if committed.finish_reason:
             stats.finish_reason = committed.finish_reason
         return Step(committed.tokens, committed.finish_reason, committed.logprobs, record,
                     drafted.seconds)
 
-    def _judge(self, plan: Plan, tokens: int, now: float) -> None:
-        """Book the step, from the last one's end (its host work, drafts and pass; a
-        batch's step in serving); at the request's end, the verdict."""
-        seconds, self._clock = now - self._clock, now
-        self._all.add(tokens, seconds)
+    def _judge(self, plan: Plan, tokens: int, seconds: float) -> None:
+        """Book a drafting step's `seconds`, from the last step's end (its host work, drafts
+        and pass; a batch's step in serving); at the request's end, the verdict against
+        every step since the prefill."""
         if plan.k:
             self._drafting.add(tokens, seconds)
         if self.seq.finished:
-            self._rests.judge(self._rest_key,
-                              self._drafting.verdict(self._all.tokens, self._all.seconds))
+            stats = self.stats
+            self._rests.judge(self._rest_key, self._drafting.verdict(
+                stats.generated, stats.time_total - stats.time_prefill))
 
     def release(self) -> None:
         """Drop the cache (and the proposer, which may own a draft cache) now,
