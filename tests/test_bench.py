@@ -226,9 +226,8 @@ def test_bad_flags_exit_2_with_one_line(argv, capsys):
     assert err.startswith(f"verispec {argv[0]}: error:") and "\n" not in err
 
 
-@pytest.mark.slow
-def test_cli_bench_on_the_default_model(tmp_path, capsys):
-    argv = ["bench", "--limit", "1", "--max-new-tokens", "16", "--workload", "chat",
+def test_cli_bench_on_the_default_model(default_model, tmp_path, capsys):
+    argv = ["bench", "--model", default_model, "--limit", "1", "--max-new-tokens", "16", "--workload", "chat",
             "--proposer", "none,ngram", "--out", str(tmp_path), "--no-progress"]
     assert main(argv) == 0
     assert "| ngram | 4 |" in capsys.readouterr().out
@@ -274,14 +273,13 @@ def test_replay_reproduces_the_engine_and_scores_k_without_a_clock(engine):
     assert replay(prompt, output, 0.05, 0).speedup == pytest.approx(1.0)
 
 
-@pytest.mark.slow
-def test_cli_bench_on_the_users_own_prompts(tmp_path, capsys):
+def test_cli_bench_on_the_users_own_prompts(default_model, tmp_path, capsys):
     """`--workload FILE.jsonl` benchmarks a user's prompts: plain text or chats, ids optional."""
     own = tmp_path / "mine.jsonl"
     own.write_text(json.dumps({"prompt": "Repeat: red green blue red green blue"}) + "\n\n"
                    + json.dumps({"id": "q2", "messages": [{"role": "user", "content": "Hi"}]})
                    + "\n", encoding="utf-8")
-    argv = ["bench", "--max-new-tokens", "12", "--workload", str(own),
+    argv = ["bench", "--model", default_model, "--max-new-tokens", "12", "--workload", str(own),
             "--proposer", "none,ngram", "--out", str(tmp_path / "out"), "--no-progress"]
     assert main(argv) == 0
     assert "### mine (2 prompts)" in capsys.readouterr().out

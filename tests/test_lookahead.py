@@ -169,7 +169,6 @@ def test_registration_settings_and_auto(tiny):
     assert got.token_ids == want
 
 
-@pytest.mark.slow
 def test_greedy_equality_default_model(default_engine):
     engine = default_engine
     for prompt in [engine.encode("def fibonacci(n):\n")]:
@@ -181,15 +180,14 @@ def test_greedy_equality_default_model(default_engine):
             assert comparison.identical, comparison.describe()
 
 
-@pytest.mark.slow
-def test_sampled_output_follows_the_target():
+def test_sampled_output_follows_the_target(full_size_runs):
     """1000 seeded three-token requests on a vocab-8 target at T = 2 whose prompt
     repeats, so the pool verifies prompt n-grams at the first step and window
     n-grams after: the first and second tokens' marginals pass chi-square against
     the target's exact ones, and drafts are often accepted and often not."""
     target = tiny_target(11, layers=1, vocab=8)
     engine = Engine(target)
-    prompt, temperature, runs = [1, 2, 3, 1, 2, 3, 1, 2], 2.0, 1000
+    prompt, temperature, runs = [1, 2, 3, 1, 2, 3, 1, 2], 2.0, full_size_runs
     spec = parse_spec(proposer="lookahead", k=2, lookahead_window=3, lookahead_ngram=3, lookahead_guesses=3)
     counts, drafted, accepted = _first_two_counts(engine, prompt, spec, temperature, runs)
     assert drafted >= 2 * runs and 0.1 * runs < accepted < drafted

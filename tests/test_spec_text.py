@@ -96,11 +96,11 @@ def run_json(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-PROMPT = ["--prompt", "List the days of the week: Monday, Tuesday, Wednesday, Monday, Tuesday,"]
+PROMPT = ["--model", "default",
+          "--prompt", "List the days of the week: Monday, Tuesday, Wednesday, Monday, Tuesday,"]
 
 
-@pytest.mark.slow
-def test_cli_accepts_what_it_used_to_refuse(capsys):
+def test_cli_accepts_what_it_used_to_refuse(default_model, capsys):
     """`generate --proposer self:8`, torch's dtype names and `--proposer auto --tree
     auto` all run on the default model, with output equal to plain decoding."""
     plain = run_json(capsys, *PROMPT, "--proposer", "none", "--dtype", "fp32")
