@@ -293,19 +293,3 @@ def test_cli_bench_on_the_users_own_prompts(tmp_path, capsys):
     bad.write_text('{"prompt": ""}\n', encoding="utf-8")
     assert main(["bench", "--workload", str(bad), "--out", str(tmp_path / "o2")]) == 2
     assert main(["bench", "--workload", str(tmp_path / "absent.jsonl")]) == 2
-
-
-def test_the_report_says_how_many_runs_a_resting_proposer_decoded_plainly(tmp_path):
-    """A costly proposer under adaptive k that lost time in an earlier request rests
-    (request.SpecRequest): its runs decode plainly, identical to none, and the report
-    says on how many prompts."""
-    engine = Engine(tiny_target(0, layers=2), tokenizer=ChatCharTokenizer())
-    for _ in range(3):  # three losses: the next 4 requests rest (the warm-up's among them)
-        engine.rests.judge("lookahead/tree", -1.0)
-    p = plan("--workload", "chat", "--limit", "2", "--proposer", "none,lookahead+auto",
-             "--peers", "none", "--k", "3", "--max-new-tokens", "12")
-    out = bench_cli.execute(engine, p, tmp_path, progress=False)
-    runs = [r for r in out.records if r.config == "lookahead+auto"]
-    assert [r.rested for r in runs] == [True, True]
-    assert all(r.drafted == 0 and r.vs_plain == "identical" for r in runs)
-    assert "lookahead+auto: its proposer rested on 2 of 2 prompts" in out.markdown

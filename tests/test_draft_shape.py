@@ -19,7 +19,6 @@ from verispec.policy import AdaptiveK, StepObservation
 from verispec.proposers.lookahead import LookaheadProposer, LookaheadSettings
 from verispec.request import SpecRequest, run_alone
 from verispec.serving.cost import Candidate, allocate
-from verispec.tree_policy import AdaptiveTree
 from verispec.stopping import Stopper
 
 T1 = 0.01
@@ -171,54 +170,6 @@ def test_lookahead_requests_learn_their_tree_width_and_equal_plain(tiny_native):
     engine = Engine(tiny_native, tokenizer=CharTokenizer())
     plain = engine.generate(prompt, sampling, SpecConfig("none", k=0)).token_ids
     assert request.tokens[len(prompt):] == plain
-
-
-def test_tree_auto_times_plain_steps_when_its_trees_look_cheap():
-    """`--tree auto` with a flat prior: every tree step of budget 4 feeds 5 rows, and
-    with the chain hopeless the plan is a tree at every step, so no one-row pass is
-    timed unless exploration takes one. T(1) is then extrapolated down from T(5) along
-    the flat prior, 1.45x too slow. At 35% per depth a 4-deep tree commits 1.53
-    tokens for 1.61 plain steps: the request must learn that plain decoding is faster."""
-    tree = AdaptiveTree(AdaptiveK(prior_alpha=0.05), max_nodes=4)
-    rng = np.random.default_rng(6)
-    # What earlier (untimed) tree steps taught: 35% per depth at budget 4.
-    for _ in range(50):
-        accepted = 0
-        while accepted < 4 and rng.random() < 0.35:
-            accepted += 1
-        tree.observe(StepObservation(4, accepted + (accepted < 4), accepted, tree=True), nodes=4)
-    tokens, seconds, plain = 0, 0.0, []
-    for _ in range(3000):
-        k = tree.choose(4)
-        if k == 0 or tree.nodes == 0:
-            tree.observe(StepObservation(k, k, 0, 0.0, T1 * STEEP.relative_time(k + 1)))
-            tokens, seconds = tokens + 1, seconds + T1 * STEEP.relative_time(k + 1)
-            plain.append(k == 0)
-            continue
-        depth = min(k, tree.nodes)
-        accepted = 0
-        while accepted < depth and rng.random() < 0.35:
-            accepted += 1
-        spent = T1 * STEEP.relative_time(tree.nodes + 1)
-        tree.observe(StepObservation(k, accepted + (accepted < depth), accepted, 0.0, spent,
-                                     fed_positions=tree.nodes + 1, tree=True))
-        tokens, seconds = tokens + accepted + 1, seconds + spent
-        plain.append(False)
-    assert np.mean(plain[1000:]) > 0.95
-    assert tokens / seconds >= 0.95 / T1
-
-
-def test_tree_auto_with_a_single_budget_explores_without_failing():
-    """A cap of 4 leaves one budget, with no neighbour to explore: the plan stands."""
-    tree = AdaptiveTree(AdaptiveK(STEEP), max_nodes=4)
-    for _ in range(50):
-        tree.observe(StepObservation(4, 4, 4, tree=True), nodes=4)
-    tree.observe(StepObservation(0, 0, 0, 0.0, T1))  # a request's first timing is warm-up
-    for _ in range(64):
-        tree.observe(StepObservation(0, 0, 0, 0.0, T1))  # T(1) timed: no plain step due
-        assert tree.choose(4) == 4 and tree.nodes == 4
-        tree.observe(StepObservation(4, 4, 4, 0.0, T1 * STEEP.relative_time(5),
-                                     fed_positions=5, tree=True))
 
 
 def test_the_batch_allocator_prices_a_tree_request_at_its_width():

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_target
 from verispec.config import SamplingParams, SpecConfig
 from verispec.metrics import Stats
-from verispec.plan import AdaptiveKPolicy, AdaptiveTreePolicy, FixedK, Plan, policy_for
+from verispec.plan import AdaptiveKPolicy, FixedK, Plan, policy_for
 from verispec.proposers.base import DraftContext, Proposal, Proposer, VerifiedRows
 from verispec.proposers.ngram import NgramProposer
 from verispec.request import SpecRequest, run_alone
@@ -97,8 +97,7 @@ def test_a_reading_proposer_hears_the_target_at_every_fed_row(target, tree):
 
 
 def test_the_plan_carries_the_tree_budget(target, monkeypatch):
-    """`--tree auto`: the budget the tree policy chose reaches the proposer through the
-    plan; fixed and adaptive-k plans carry the configured budget; no side channel."""
+    """Fixed and adaptive-k plans carry the configured budget to the proposer."""
     import types
 
     # A stopped clock: untimed steps, so the policies' choices depend on acceptance alone.
@@ -106,25 +105,17 @@ def test_the_plan_carries_the_tree_budget(target, monkeypatch):
     for module in ("engine", "drafting", "request"):
         monkeypatch.setattr(f"verispec.{module}.time", stopped)
     for spec, kind in [(SpecConfig("ngram", k=6, tree=16), FixedK),
-                       (SpecConfig("ngram", k=6, tree=16, adaptive=True), AdaptiveKPolicy),
-                       (SpecConfig("ngram", k=6, tree=16, adaptive=True, tree_auto=True),
-                        AdaptiveTreePolicy)]:
+                       (SpecConfig("ngram", k=6, tree=16, adaptive=True), AdaptiveKPolicy)]:
         listening = Listening(16)
-        # Long enough for the tree policy's every-16th-step exploration of a tree budget.
         r = request(target, spec, listening, SamplingParams(max_new_tokens=120))
         assert type(r.policy) is kind
         plans = []
         original = r.policy.plan
         r.policy.plan = lambda ctx, room: plans.append(original(ctx, room)) or plans[-1]
         list(run_alone(target, r))
-        drafted = [p for p in plans if p.k]
         # The proposer is called for drafts and, free, for shadow guesses at k = 0.
         assert listening.budgets == [p.nodes for p in plans if p.k or p.shadow]
-        if kind is AdaptiveTreePolicy:
-            assert {p.nodes for p in drafted} <= {0, *r.policy.controller.budgets}
-            assert any(p.nodes for p in drafted) and not all(p.nodes for p in drafted)
-        else:
-            assert {p.nodes for p in plans} == {16}
+        assert {p.nodes for p in plans} == {16}
 
 
 def test_a_batch_plan_teaches_acceptance_but_not_step_time(target):

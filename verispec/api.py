@@ -139,9 +139,6 @@ class Engine:
         # `auto`'s measured price per candidate call and its costly candidates' rests,
         # carried from request to request.
         self.auto_memory = AutoMemory()
-        # The rests of a costly proposer under adaptive k whose drafts lost time in a
-        # request (request.SpecRequest), judged as `auto` judges its candidates.
-        self.rests = AutoMemory()
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -230,8 +227,7 @@ class Engine:
                       adaptive=spec.adaptive or spec.proposer == "auto",
                       weights=self.weights, backend=self.backend_note)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
-                           constraint=self.constraint(sampling, spec.grammar_forced),
-                           rests=self.rests)
+                           constraint=self.constraint(sampling, spec.grammar_forced))
 
     def constraint(self, sampling: SamplingParams,
                    draft_forced: bool = True) -> Constraint | None:

@@ -112,7 +112,6 @@ class SpecConfig:
     tree_shape: str = "dynamic"  # model-drafted trees: "dynamic" (EAGLE-2: best cumulative
     # draft probability) or "topb" (every node's tree_branch best children, breadth-first)
     tree_branch: int = 4  # children per expanded node (and expanded nodes per depth, dynamic)
-    tree_auto: bool = False  # choose the node budget per step (up to `tree`), with k; needs adaptive
     ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
     ngram_max: int = 4  # longest suffix it tries first
     head: str | None = None  # for proposer=eagle|medusa: a head directory; None = the shipped one
@@ -142,9 +141,6 @@ class SpecConfig:
         if self.tree_shape not in TREE_SHAPES:
             raise ValueError(f"tree_shape must be one of {', '.join(TREE_SHAPES)}, "
                              f"got {self.tree_shape!r}")
-        if self.tree_auto and not (self.adaptive and self.tree):
-            raise ValueError("tree_auto chooses a node budget up to `tree` together with k: "
-                             "it needs adaptive=True and tree > 0 (the cap)")
         if self.head_vocab < 0:
             raise ValueError(f"head_vocab must be >= 0 (0 = the head's whole draft vocabulary), "
                              f"got {self.head_vocab}")

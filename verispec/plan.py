@@ -13,9 +13,8 @@ price), chooses the batch's draft lengths itself, and turns each into a plan wit
     policy.observe(plan, outcome)           # after every verified step
 
 Policies: `FixedK` (the request's k), `AdaptiveKPolicy` (verispec.policy.AdaptiveK:
-rate-maximising k per step), `AdaptiveTreePolicy` (verispec.tree_policy: depth
-and node budget together, `--tree auto`) and `AutoPolicy` (`--proposer auto`:
-the candidate and its draft length together).
+rate-maximising k per step) and `AutoPolicy` (`--proposer auto`: the candidate and
+its draft length together).
 """
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ from .config import SpecConfig
 from .economics import Choice, DraftPrice, StepCost, best_rate, chain_tokens, load_profile
 from .policy import AdaptiveK, StepObservation
 from .proposers.base import DraftContext, Proposer
-from .tree_policy import AdaptiveTree
 
 
 @dataclass(frozen=True)
@@ -203,31 +201,13 @@ class AdaptiveKPolicy(Policy):
         self.controller.observe(obs)
 
 
-class AdaptiveTreePolicy(AdaptiveKPolicy):
-    """Depth and node budget per step (verispec.tree_policy, `--tree auto`)."""
-
-    def __init__(self, controller: AdaptiveTree, nodes: int) -> None:
-        super().__init__(controller, nodes)
-
-    def _step_nodes(self) -> int:
-        return self.controller.nodes  # chosen with k by the last `choose`
-
-    def _shape(self, room: int) -> None:
-        return None  # its budgets are priced by the tree policy, not a batch's shape
-
-    def _observe(self, obs: StepObservation, plan: Plan) -> None:
-        self.controller.observe(obs, nodes=plan.nodes)
-
-
 def policy_for(spec: SpecConfig) -> Policy:
     if spec.proposer == "auto":
         return AutoPolicy(spec)
     if not spec.adaptive:
         return FixedK(spec.tree)
-    chain = AdaptiveK(load_profile(spec.profile) if spec.profile else None)
-    if spec.tree_auto:
-        return AdaptiveTreePolicy(AdaptiveTree(chain, spec.tree), spec.tree)
-    return AdaptiveKPolicy(chain, spec.tree)
+    return AdaptiveKPolicy(AdaptiveK(load_profile(spec.profile) if spec.profile else None),
+                           spec.tree)
 
 
 @dataclass(frozen=True)

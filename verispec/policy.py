@@ -175,7 +175,7 @@ class AdaptiveK:
 
     def new_estimate(self, prior_alpha: float, prior_strength: float) -> DepthAcceptance:
         """A per-depth acceptance estimate with this controller's forgetting and resets,
-        from its own prior (an evidence key's; a tree budget's, tree_policy)."""
+        from its own prior (an evidence key's)."""
         max_depth, half_life, pool, window, p = self._estimate
         return DepthAcceptance(max_depth, half_life, prior_alpha, prior_strength, pool, window, p)
 

@@ -26,8 +26,7 @@ from .engine import Committed, Step, commit, feed, new_sequence, prefill_item, p
 from .grammar import Constraint
 from .metrics import Stats, StepRecord
 from .models.base import BatchItem, ForwardOutput, TargetModel
-from .plan import FixedK, Outcome, Plan, PlanContext, Policy, Quote, policy_for
-from .proposers.auto_memory import AutoMemory, Ledger
+from .plan import Outcome, Plan, PlanContext, Policy, Quote, policy_for
 from .proposers.base import Proposer
 from .stopping import Stopper
 
@@ -39,34 +38,17 @@ class SpecRequest:
     item>; step = r.complete(out, seconds)`. `plan` None lets the request's own
     policy plan; a batch allocator passes `r.quote().plan(k)`. `complete` returns
     None after the prefill and a `Step` after every decode forward.
-
-    `rests` (the Engine's): a costly proposer under adaptive k is judged at the
-    request's end as `auto` judges a costly candidate (auto_memory: what its drafting
-    steps committed, at the rate of the request's plain steps, against their wall
-    time). After a loss the next requests rest: they decode plainly, without its
-    hidden rows, probes or per-step planning, for a number of requests that doubles
-    while it keeps losing.
     """
 
     def __init__(self, target: TargetModel, prompt: list[int], sampling: SamplingParams,
                  spec: SpecConfig, proposer: Proposer, stopper: Stopper,
                  generator: torch.Generator, stats: Stats,
-                 constraint: Constraint | None = None, policy: Policy | None = None,
-                 rests: AutoMemory | None = None) -> None:
+                 constraint: Constraint | None = None, policy: Policy | None = None) -> None:
         self.started = time.perf_counter()
         self.spec, self.stats = spec, stats
         self.policy = policy if policy is not None else policy_for(spec)
-        judged = (rests is not None and self.policy.adaptive and proposer.drafts
-                  and not proposer.free)
-        self._rest_key = f"{stats.proposer}{'/tree' if spec.tree else ''}"
-        self.resting = judged and rests.skip(self._rest_key)
-        if self.resting:
-            self.policy = FixedK(spec.tree)  # at room 0: plain steps, nothing planned
-        stats.rested = self.resting
-        self._rests = rests if judged and not self.resting else None
-        self._drafting = Ledger()  # the drafting steps; the stats hold the whole request
         self.seq = new_sequence(target, prompt, sampling, spec, stopper, generator, constraint,
-                                () if self.resting else proposer.hidden_layers)
+                                proposer.hidden_layers)
         self.drafter = Drafter(proposer)
         self._pending: tuple[Plan, Drafted] | None = None
         self._prefilling = False
@@ -103,8 +85,8 @@ class SpecRequest:
 
     def room(self) -> int:
         """The most draft tokens the next step may verify: the request's k within
-        max_new_tokens and the context; 0 for a proposer that never drafts or rests."""
-        return self.seq.room(self.spec.k) if self.proposer.drafts and not self.resting else 0
+        max_new_tokens and the context; 0 for a proposer that never drafts."""
+        return self.seq.room(self.spec.k) if self.proposer.drafts else 0
 
     def context(self) -> PlanContext:
         return PlanContext(self.drafter.context(self.seq), self.proposer)
@@ -162,25 +144,11 @@ class SpecRequest:
         if self.seq.constraint is not None:
             stats.time_grammar = self.seq.constraint.seconds
             stats.grammar_forced = self.seq.constraint.forced_drafts
-        since = max(stats.time_total, stats.time_prefill)  # the last step's end
         stats.time_total = time.perf_counter() - self.started
-        if self._rests is not None:
-            self._judge(plan, len(committed.tokens), stats.time_total - since)
         if committed.finish_reason:
             stats.finish_reason = committed.finish_reason
         return Step(committed.tokens, committed.finish_reason, committed.logprobs, record,
                     drafted.seconds)
-
-    def _judge(self, plan: Plan, tokens: int, seconds: float) -> None:
-        """Book a drafting step's `seconds`, from the last step's end (its host work, drafts
-        and pass; a batch's step in serving); at the request's end, the verdict against
-        every step since the prefill."""
-        if plan.k:
-            self._drafting.add(tokens, seconds)
-        if self.seq.finished:
-            stats = self.stats
-            self._rests.judge(self._rest_key, self._drafting.verdict(
-                stats.generated, stats.time_total - stats.time_prefill))
 
     def release(self) -> None:
         """Drop the cache (and the proposer, which may own a draft cache) now,
