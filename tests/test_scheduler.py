@@ -96,7 +96,7 @@ def test_batched_greedy_equals_solo_and_releases_caches(any_engine):
     engine = any_engine
     sampling = SamplingParams(max_new_tokens=24)
     jobs = [(p, s) for p in PROMPTS for s in SPECS[:3]] + list(zip(PROMPTS, SPECS))
-    # `auto` quotes its candidate and length on the batch's curve: chains and trees.
+    # `auto` drafts chains and trees from n-gram lookup or suffix decoding.
     jobs += [(PROMPTS[0], SpecConfig("auto", k=4)), (PROMPTS[3], SpecConfig("auto", k=4, tree=8))]
     solo = {tuple(p): engine.generate(p, sampling, SpecConfig("none", k=0)).token_ids
             for p in PROMPTS}

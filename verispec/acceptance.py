@@ -55,16 +55,6 @@ class Tally:
     def alpha(self) -> float:
         return self.accepted / max(self.count, 1e-9)
 
-    def lower(self, z: float) -> float:
-        """The estimate z standard errors down (z = 0: the estimate). Choosing the best
-        of several candidates by their estimates picks the luckiest on few outcomes (the
-        winner's curse, Thaler 1988); ranking them by a lower bound does not, and a
-        candidate with much evidence barely pays for it."""
-        alpha = self.alpha
-        if z <= 0.0:
-            return alpha
-        return max(0.0, alpha - z * math.sqrt(alpha * (1.0 - alpha) / (self.count + 1.0)))
-
 
 def _binomial_tail(x: int, n: int, p: float) -> float:
     """min(P(X <= x), P(X >= x)) for X ~ Binomial(n, p)."""

@@ -18,7 +18,6 @@ from .models.loading import DEFAULT_MODEL, load_target
 from .models.quant_draft import quantized_draft
 from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
-from .proposers.auto_memory import AutoMemory
 from .proposers.base import ProposerSetup
 from .proposers.suffix_store import SuffixStore
 from .request import SpecRequest, run_alone
@@ -136,9 +135,6 @@ class Engine:
         # Past outputs that `suffix` drafts from, shared by every request of this engine
         # (and so by every request a server runs); replace it to change its bounds.
         self.suffix_store = SuffixStore()
-        # `auto`'s measured price per candidate call and its costly candidates' rests,
-        # carried from request to request.
-        self.auto_memory = AutoMemory()
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -217,14 +213,13 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)
         proposer = proposers.build(ProposerSetup(
             self.target, spec, sampling, generator,
-            {"load_draft": self.load_draft, "suffix_store": self.suffix_store,
-             "auto_memory": self.auto_memory}))
+            {"load_draft": self.load_draft, "suffix_store": self.suffix_store}))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
-                      adaptive=spec.adaptive or spec.proposer == "auto",
+                      adaptive=spec.adaptive,
                       weights=self.weights, backend=self.backend_note)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            constraint=self.constraint(sampling, spec.grammar_forced))

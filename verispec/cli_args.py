@@ -83,9 +83,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "n-gram pool; see --lookahead-window), "
                         "draft (a small model or self:L), self:L (short for --proposer draft "
                         "--draft self:L), eagle / medusa (trained heads on the "
-                        "target's hidden states), auto (each step the candidate that pays best, "
-                        "keyed on n-gram lookup's match length: ngram, suffix, the shipped heads, the "
-                        "--draft model if given, or none), none (plain decoding)")
+                        "target's hidden states), auto (each step ngram or suffix, whichever "
+                        "matched the longer suffix), none (plain decoding)")
     p.add_argument("--k", default="auto",
                    help="draft tokens per target pass; 0 = plain decoding; auto (default) = "
                         "choose k each step to maximize tokens/s, capped by --k-max")

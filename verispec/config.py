@@ -130,8 +130,6 @@ class SpecConfig:
     # token drawn from the continuation frequencies, verified against them (docs/sampling.md)
     grammar_forced: bool = True  # under a grammar, draft the tokens it forces first (one-hot);
     # off only to measure what they bring (docs/structured_outputs.md)
-    auto_caution: float = 1.0  # auto: price each candidate this many standard errors below
-    # its measured acceptance (acceptance.Tally.lower), against the winner's curse; 0 = as measured
 
     def __post_init__(self) -> None:
         if self.k < 0:
@@ -164,8 +162,6 @@ class SpecConfig:
             # means its whole step, so the request's cache makes room for it.
             object.__setattr__(self, "tree", (self.lookahead_window + self.lookahead_guesses)
                                * (self.lookahead_ngram - 1))
-        if not self.auto_caution >= 0:
-            raise ValueError(f"auto_caution must be >= 0, got {self.auto_caution}")
         if self.lossy_typical and self.tree:
             raise ValueError("lossy_typical verifies chains; it cannot be combined with a tree")
         if self.proposer == "draft" and not self.draft:

@@ -9,12 +9,11 @@ price), chooses the batch's draft lengths itself, and turns each into a plan wit
 (`own_clock=False`), so the policy does not learn a per-request cost from it.
 
     policy.plan(ctx, room) -> Plan          # a request that runs alone
-    policy.quote(ctx, room, cost) -> Quote  # a batch allocator's view (cost: its curve)
+    policy.quote(ctx, room) -> Quote        # a batch allocator's view
     policy.observe(plan, outcome)           # after every verified step
 
-Policies: `FixedK` (the request's k), `AdaptiveKPolicy` (verispec.policy.AdaptiveK:
-rate-maximising k per step) and `AutoPolicy` (`--proposer auto`: the candidate and
-its draft length together).
+Policies: `FixedK` (the request's k) and `AdaptiveKPolicy` (verispec.policy.AdaptiveK:
+rate-maximising k per step).
 """
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .acceptance import Evidence, Tally
-from .cadence import Explore
 from .config import SpecConfig
-from .economics import Choice, DraftPrice, StepCost, best_rate, chain_tokens, load_profile
+from .economics import DraftPrice, load_profile
 from .policy import AdaptiveK, StepObservation
 from .proposers.base import DraftContext, Proposer
 
@@ -37,7 +35,6 @@ class Plan:
     shadow: bool = False  # at k = 0 a free proposer may still guess, unverified, as evidence
     evidence: Evidence | None = None  # what the proposer said before k was chosen
     own_clock: bool = True  # the step's time is this request's alone; False in a shared batch
-    candidate: str | None = None  # `auto`: the candidate proposer that drafts this step
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,6 @@ class Quote:
     evidence: Evidence | None = None  # the key the step's outcome will be counted under
     draft_seconds: float | None = None  # measured seconds per requested draft token
     nodes: int = 0  # the tree node budget a step keeps when its depth is chosen for it
-    candidate: str | None = None  # `auto`: the candidate these alphas and price are its
     # Positions fed and depth reached for k = 0..room (draft_shape.DraftShape.tables) when a
     # step is not a chain of k; None: a chain.
     shape: tuple[Sequence[float], Sequence[float]] | None = None
@@ -71,8 +67,7 @@ class Quote:
         """The plan of a step whose draft length the allocator chose (clipped to room)."""
         k = max(0, min(k, self.room))
         return Plan(k, self.nodes, shadow=not self.fixed and self.room > 0,
-                    evidence=self.evidence, own_clock=False,
-                    candidate=self.candidate if k else None)
+                    evidence=self.evidence, own_clock=False)
 
 
 @dataclass
@@ -93,9 +88,7 @@ class Policy:
 
     def __init__(self, nodes: int, draft_price: DraftPrice | None = None) -> None:
         self.nodes = nodes  # the configured tree node budget (SpecConfig.tree)
-        # Seconds per requested draft token (the price a batch pays per draft); None for a
-        # policy that prices each candidate proposer itself (`auto`).
-        self.draft_price = draft_price
+        self.draft_price = draft_price  # seconds per requested draft token (what a batch pays)
         # Every drafting step's outcome, undiscounted (decay 1): what serving pools per
         # proposer when the request ends, so that the next request starts from it.
         self.outcomes = Tally()
@@ -103,8 +96,7 @@ class Policy:
     def plan(self, ctx: PlanContext, room: int) -> Plan:
         raise NotImplementedError
 
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
-        """`cost`: the batch's step-cost curve, for a policy that prices widths itself."""
+    def quote(self, ctx: PlanContext, room: int) -> Quote:
         raise NotImplementedError
 
     def plain(self, room: int) -> Plan:
@@ -140,7 +132,7 @@ class FixedK(Policy):
     def plan(self, ctx: PlanContext, room: int) -> Plan:
         return Plan(room, self.nodes)
 
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
+    def quote(self, ctx: PlanContext, room: int) -> Quote:
         # Only for the batch's rate estimate: a fixed request drafts what it asked for.
         alpha = self.accepted / self.drafted if self.drafted else 0.5
         return Quote(room, (alpha,), True, None, self.seconds_per_draft, self.nodes)
@@ -166,7 +158,7 @@ class AdaptiveKPolicy(Policy):
         k = self.controller.choose(room, evidence)
         return Plan(k, self._step_nodes(), shadow=True, evidence=evidence)
 
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
+    def quote(self, ctx: PlanContext, room: int) -> Quote:
         evidence = ctx.evidence()
         alphas = self.controller.begin_step(evidence)  # the outcome is counted under it too
         return Quote(room, alphas, False, evidence, self.seconds_per_draft, self.nodes,
@@ -202,107 +194,7 @@ class AdaptiveKPolicy(Policy):
 
 
 def policy_for(spec: SpecConfig) -> Policy:
-    if spec.proposer == "auto":
-        return AutoPolicy(spec)
     if not spec.adaptive:
         return FixedK(spec.tree)
     return AdaptiveKPolicy(AdaptiveK(load_profile(spec.profile) if spec.profile else None),
                            spec.tree)
-
-
-@dataclass(frozen=True)
-class Pick:
-    """`auto`'s best candidate for a step, and what it was priced with."""
-    candidate: str
-    choice: Choice  # its rate-maximising draft length (k >= 1) and that pass
-    alpha: float
-    price: float | None  # measured seconds per requested draft token
-
-
-class AutoPolicy(Policy):
-    """`--proposer auto`: which candidate drafts and how much, chosen together, so that
-    one controller decides (the candidates draft what the plan orders).
-
-    For candidate c at draft length j <= room, a pass commits E_c(j) =
-    chain_tokens(alpha_c, depth_c(j)) tokens (alpha_c: its acceptance under the step's
-    evidence key, `SpecConfig.auto_caution` standard errors down, since the best of several
-    few-outcome estimates is the luckiest one (acceptance.Tally.lower); depth_c(j): the depth
-    its proposals of j reach) and costs
-    T(1 + nodes_c(j)) + price_c * j: the request's step-cost curve at the width the pass
-    feeds (c's draft_shape.DraftShape, so a tree or a wide lookahead step is priced as
-    the wider pass it is, capped at the tree budget) plus c's draft price. The argmax
-    over (c, j), plain decoding (j = 0) included, is the plan; every `explore_every`-th
-    drafting step drafts one more or one fewer (cadence.Explore), so that the widths next
-    to the choice are measured too, and a plain step re-times T(1) when it has gone
-    stale and the plan's gain is not clear (StepCost.plain_due). At j = 0 `auto` is still asked for its free
-    candidates' guesses and due probes (AutoProposer.free), so no choice is absorbing.
-    """
-    adaptive = True
-
-    def __init__(self, spec: SpecConfig, explore_every: int = 16,
-                 half_life: float = 64.0) -> None:
-        super().__init__(spec.tree)
-        self.caution = spec.auto_caution
-        prior = load_profile(spec.profile) if spec.profile else None
-        self.curve = StepCost(prior, fused=True, half_life=half_life)
-        self._explore = Explore(explore_every)
-        self._warm = False  # a timed step has been seen (and skipped: warm-up)
-
-    def pick(self, ctx: PlanContext, room: int, cost: StepCost) -> Pick | None:
-        """The candidate with the highest rate at some draft length 1..room on `cost`."""
-        auto, best = ctx.proposer, None
-        cap = max(room, self.nodes)
-        table = cost.table_list(1 + cap)  # plain floats: this runs every step
-        prior = cost.prior.draft_cost * table[1]
-        for name, alpha in auto.alphas(ctx.draft, self.caution).items():
-            if alpha <= 0.0:
-                continue  # nothing to draft (a free candidate without a match) or no hope
-            track = auto.tracks[name]
-            price = track.price.per_token(prior) if cost.timed else prior
-            nodes, depth = track.shape.tables(room)  # what a step of j feeds and reaches
-            if best is not None and alpha < 1.0:
-                # An endless chain at its cheapest pass (one draft) bounds every length's
-                # rate: a candidate that cannot pass the best so far is not priced.
-                cheapest = table[round(1 + min(nodes[1], cap))] + price
-                if 1.0 / (1.0 - alpha) / cheapest <= best.choice.rate * (1.0 + 1e-9):
-                    continue
-            tokens = [chain_tokens(alpha, depth[j]) for j in range(1, room + 1)]
-            seconds = [table[round(1 + min(nodes[j], cap))] + price * j
-                       for j in range(1, room + 1)]
-            choice = best_rate(tokens, seconds)
-            choice = Choice(choice.k + 1, choice.tokens_per_pass, choice.seconds_per_pass)
-            if best is None or choice.rate > best.choice.rate * (1.0 + 1e-9):
-                best = Pick(name, choice, alpha, track.price.measured)
-        return best
-
-    def plan(self, ctx: PlanContext, room: int) -> Plan:
-        pick = self.pick(ctx, room, self.curve) if room > 0 else None
-        evidence = ctx.evidence()
-        if pick is None or pick.choice.rate <= 1.0 / self.curve.table_list(1)[1] * (1.0 + 1e-9):
-            return Plan(0, self.nodes, shadow=room > 0, evidence=evidence)
-        if self.curve.plain_due(pick.choice.rate):
-            # Time T(1) again (economics.StepCost.plain_due); free guesses still score.
-            return Plan(0, self.nodes, shadow=True, evidence=evidence)
-        k, turn = pick.choice.k, self._explore.tick()
-        if turn is not None:
-            k = min(k + 1, room) if turn % 2 == 0 else k - 1
-        return Plan(k, self.nodes, shadow=True, evidence=evidence,
-                    candidate=pick.candidate if k else None)
-
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
-        pick = self.pick(ctx, room, cost if cost is not None else self.curve) if room else None
-        evidence = ctx.evidence()
-        if pick is None:
-            return Quote(room, (0.0,), False, evidence, None, self.nodes)
-        shape = ctx.proposer.tracks[pick.candidate].shape
-        return Quote(room, (pick.alpha,), False, evidence, pick.price, self.nodes,
-                     candidate=pick.candidate,
-                     shape=shape.tables(room) if shape.observed else None)
-
-    def _learn(self, plan: Plan, outcome: Outcome) -> None:
-        if not (plan.own_clock and outcome.verify_seconds):
-            return
-        if not self._warm:
-            self._warm = True  # a request's first timed step may carry warm-up
-            return
-        self.curve.observe([outcome.drafted + 1], outcome.verify_seconds)

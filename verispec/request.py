@@ -21,7 +21,6 @@ import torch
 
 from .config import SamplingParams, SpecConfig
 from .drafting import Drafted, Drafter
-from .economics import StepCost
 from .engine import Committed, Step, commit, feed, new_sequence, prefill_item, prefilled
 from .grammar import Constraint
 from .metrics import Stats, StepRecord
@@ -94,11 +93,10 @@ class SpecRequest:
     def plan(self) -> Plan:
         return self.policy.plan(self.context(), self.room())
 
-    def quote(self, cost: StepCost | None = None) -> Quote:
+    def quote(self) -> Quote:
         """For a batch allocator: this request's next step, priced (adaptive requests
-        count the step's outcome under the evidence quoted); `cost`: the batch's
-        step-cost curve, for a policy that prices widths itself (`auto`)."""
-        return self.policy.quote(self.context(), self.room(), cost)
+        count the step's outcome under the evidence quoted)."""
+        return self.policy.quote(self.context(), self.room())
 
     # -- one step around a forward someone else runs -------------------------
     def prepare(self, plan: Plan | None = None) -> BatchItem:

@@ -79,10 +79,10 @@ FIELDS: dict[str, Any] = {
     "lookahead_window": SpecConfig.lookahead_window, "lookahead_ngram": SpecConfig.lookahead_ngram,
     "lookahead_guesses": SpecConfig.lookahead_guesses,
     "frequency_drafts": SpecConfig.frequency_drafts,
-    "grammar_forced": SpecConfig.grammar_forced, "auto_caution": SpecConfig.auto_caution,
+    "grammar_forced": SpecConfig.grammar_forced,
 }
 _DERIVED = {"proposer", "k", "k_max", "tree", "draft"}  # not copied verbatim
-HEAD_PROPOSERS = ("eagle", "medusa", "auto")  # the proposers that read a head directory
+HEAD_PROPOSERS = ("eagle", "medusa")  # the proposers that read a head directory
 
 
 def draft_source(text: str) -> str | None:

@@ -46,7 +46,6 @@ class DraftContext:
     # positions, for proposers that read the target's features (EAGLE, Medusa)
     tree_nodes: int | None = None  # this step's tree node budget, from its plan (0 = a
     # chain); None only outside the engine: the proposer's configured one
-    candidate: str | None = None  # `auto`: the candidate its plan chose to draft this step
 
     def tree_budget(self, configured: int) -> int:
         return configured if self.tree_nodes is None else min(self.tree_nodes, configured)
@@ -71,8 +70,8 @@ class HeldRows:
     """Target hidden rows a proposer was not called for, kept until it is.
 
     A proposer that reads the target's features (EAGLE) learns the context from
-    every step's `target_hidden`. When a step skips it (adaptive k chose 0, or
-    `auto` drafted with another candidate), the rows wait here and reach it in
+    every step's `target_hidden`. When a step skips it (adaptive k chose 0), the
+    rows wait here and reach it in
     one call: one step's rows end where the next step's begin, so together they
     cover every position since its last call. Past `max_rows` the oldest are
     dropped, which leaves the proposer a gap (acceptance, never correctness).

@@ -281,7 +281,7 @@ class Scheduler:
             self.metrics.held_by_guard()
             return [s.request.policy.plain(s.request.room()) if s.request.prefilled else None
                     for s in slots]
-        quotes = [s.request.quote(self.cost) if s.request.prefilled else None for s in slots]
+        quotes = [s.request.quote() if s.request.prefilled else None for s in slots]
         candidates = [Candidate(1, q.room, q.alphas, q.fixed, q.draft_seconds, shape=q.shape)
                       if q is not None
                       else Candidate(max(0, len(s.request.tokens) - 1), 0, (0.0,), decoding=False)
