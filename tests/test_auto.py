@@ -6,19 +6,12 @@ import pytest
 
 from test_greedy_equality import PROMPTS, plain
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.economics import chain_tokens
 from verispec.lossless import compare_greedy
 from verispec.proposers.auto import AutoProposer
 from verispec.proposers.base import DraftContext
 from verispec.proposers.ngram import NgramProposer
 from verispec.proposers.suffix import SuffixProposer
 from verispec.proposers.suffix_store import SuffixStore
-
-
-def test_expected_tokens_formula():
-    assert chain_tokens(0.0, 5) == 1.0
-    assert chain_tokens(1.0, 5) == 6.0
-    assert abs(chain_tokens(0.5, 2) - 1.75) < 1e-12
 
 
 def _auto(store: SuffixStore) -> AutoProposer:

@@ -9,7 +9,7 @@ import torch
 
 from . import proposers
 from .config import DEFAULT_SPEC, SamplingParams, SpecConfig
-from .engine import Step, validate_prompt
+from .engine import validate_prompt
 from .grammar import Constraint, ll_tokenizer
 from .metrics import Stats
 from .models.base import TargetModel
@@ -20,7 +20,7 @@ from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, text_ids
 from .proposers.base import ProposerSetup
 from .proposers.suffix_store import SuffixStore
-from .request import SpecRequest, run_alone
+from .request import SpecRequest, Step, run_alone
 from .sampling import make_generator
 from .spec_text import parse_quant_source
 from .stopping import Stopper, held_back, trim_at_stop

@@ -1,33 +1,51 @@
-"""One request's speculation, one target forward at a time, and the loop that
-runs it alone. The step, in order:
+"""One request's speculation, one target forward at a time: where the mechanism
+(verispec.engine), the drafting (verispec.drafting) and the policy (verispec.plan)
+meet. The step, in order:
 
-    plan = policy.plan(ctx, room)            # how much to draft (verispec.plan)
-    drafted = drafter.draft(seq, plan)       # what to draft (verispec.drafting)
-    out = forward(feed(seq, drafted.draft))  # one target pass (verispec.engine)
-    committed = commit(seq, drafted.draft, out)   # verify, roll back, stop
-    policy.observe(plan, outcome)            # learn
-    record, yield
+    prepare(plan):                             # before the forward
+        plan = policy.plan(ctx, room)          #   how much to draft (unless a batch chose)
+        drafted = drafter.draft(seq, plan)     #   what to draft
+        item = feed(seq, drafted.draft)        #   the forward's arguments
+    out = forward(item)                        # one target pass: `run_alone`, or a batch's
+    complete(out):                             # after it
+        committed = commit(seq, drafted.draft, out)   # verify, roll back, stop
+        drafter.after(seq, committed)          #   the proposer's hooks
+        policy.observe(plan, outcome)          #   learn
+        record                                 #   stats, and the step for the caller
 
-`SpecRequest.prepare(plan)` / `complete(out)` split the same step around a forward
-that someone else runs, fused with other requests' (verispec.serving.scheduler):
-a request's state lives in the request and its own cache only.
+`run_alone` runs that step with one plain `target.forward`; the serving scheduler
+(verispec.serving.scheduler) runs the same `prepare` / `complete` around a forward fused
+with other requests'. A request's state lives in the request and its own cache only.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from .config import SamplingParams, SpecConfig
 from .drafting import Drafted, Drafter
-from .engine import Committed, Step, commit, feed, new_sequence, prefill_item, prefilled
+from .engine import Committed, commit, feed, new_sequence, prefill_item, prefilled
 from .grammar import Constraint
 from .metrics import Stats, StepRecord
 from .models.base import BatchItem, ForwardOutput, TargetModel
-from .plan import Outcome, Plan, PlanContext, Policy, Quote, policy_for
+from .processors import TokenLogprob
+from .plan import Outcome, Plan, PlanContext, Policy, Quote
+from .policy import policy_for
 from .proposers.base import Proposer
 from .stopping import Stopper
+
+
+@dataclass
+class Step:
+    """What one decode step committed, for the caller (a stream, a server's response)."""
+    tokens: list[int]  # committed this step, in order
+    finish_reason: str | None  # set on the last step: "stop" or "length"
+    logprobs: list[TokenLogprob] | None = None  # one per token, when sampling.logprobs is set
+    record: StepRecord | None = None  # this step's own record (Stats keeps growing meanwhile)
+    draft_seconds: float = 0.0  # spent proposing this step's drafts
 
 
 class SpecRequest:
@@ -123,16 +141,18 @@ class SpecRequest:
         if self._pending is None:
             raise RuntimeError("complete() without a prepared forward")
         (plan, drafted), self._pending = self._pending, None
-        committed = commit(self.seq, drafted.draft, out, forward_seconds,
-                           rows=self.proposer.reads_rows)
+        t0 = time.perf_counter()
+        committed = commit(self.seq, drafted.draft, out, rows=self.proposer.reads_rows)
+        verify_seconds = forward_seconds + time.perf_counter() - t0
         self.drafter.after(self.seq, committed)
-        self.policy.observe(plan, outcome(drafted, committed))
-        return self.record(plan, drafted, committed)
+        self.policy.observe(plan, outcome(drafted, committed, verify_seconds))
+        return self.record(plan, drafted, committed, verify_seconds)
 
-    def record(self, plan: Plan, drafted: Drafted, committed: Committed) -> Step:
+    def record(self, plan: Plan, drafted: Drafted, committed: Committed,
+               verify_seconds: float) -> Step:
         stats = self.stats
         stats.time_draft += drafted.seconds
-        stats.time_verify += committed.verify_seconds
+        stats.time_verify += verify_seconds
         # A step that drafts nothing is a plain step, whoever drafted the one before it.
         record = StepRecord(self.proposer.active if plan.k else "none", plan.k, committed.drafted,
                             committed.num_accepted, len(committed.tokens),
@@ -156,14 +176,17 @@ class SpecRequest:
         self.drafter = None
 
 
-def outcome(drafted: Drafted, committed: Committed) -> Outcome:
+def outcome(drafted: Drafted, committed: Committed, verify_seconds: float) -> Outcome:
     tree = drafted.draft.tree
-    # The engine may have cut the tree to a prefix of its nodes; none lies deeper than that.
-    depth = (min(tree.tree.max_depth, committed.drafted) if tree is not None
-             else committed.drafted)
-    return Outcome(committed.drafted, committed.num_accepted, tree is not None,
-                   committed.leaf, drafted.seconds, committed.verify_seconds,
-                   drafted.shadow_matched(committed.tokens), depth)
+    if tree is None:
+        reached, rejected = committed.drafted, committed.num_accepted < committed.drafted
+    else:
+        # The engine may have cut the tree to a prefix of its nodes; none lies deeper than
+        # that. A path that ended at a leaf had nothing left to reject.
+        reached, rejected = min(tree.tree.max_depth, committed.drafted), not committed.leaf
+    return Outcome(committed.drafted, reached, committed.num_accepted, rejected,
+                   tree=tree is not None, shadow=drafted.shadow_matched(committed.tokens),
+                   draft_seconds=drafted.seconds, verify_seconds=verify_seconds)
 
 
 def forward(target: TargetModel, item: BatchItem) -> ForwardOutput:
@@ -172,18 +195,13 @@ def forward(target: TargetModel, item: BatchItem) -> ForwardOutput:
 
 
 def run_alone(target: TargetModel, request: SpecRequest) -> Iterator[Step]:
-    """Drive one request with one plain `target.forward` per step."""
-    seq, drafter, policy = request.seq, request.drafter, request.policy
-    if not seq.prefilled:
-        request.complete(forward(target, request.prepare()))
-    while not seq.finished:
-        plan = policy.plan(request.context(), request.room())
-        drafted = drafter.draft(seq, plan)
+    """Drive one request with one plain `target.forward` per step: the scheduler's
+    `prepare` / `complete`, with a forward of its own."""
+    while not request.finished:
+        item = request.prepare()
         t0 = time.perf_counter()
-        out = forward(target, feed(seq, drafted.draft))
-        committed = commit(seq, drafted.draft, out, time.perf_counter() - t0,
-                           rows=drafter.proposer.reads_rows)
-        drafter.after(seq, committed)
-        policy.observe(plan, outcome(drafted, committed))
-        yield request.record(plan, drafted, committed)
+        out = forward(target, item)
+        step = request.complete(out, time.perf_counter() - t0)
+        if step is not None:  # None: the prefill
+            yield step
 

@@ -44,8 +44,8 @@ class DraftContext:
     num_prompt: int  # how many of `tokens` are the prompt
     target_hidden: tuple[torch.Tensor, ...] = ()  # hidden states of the last committed
     # positions, for proposers that read the target's features (EAGLE, Medusa)
-    tree_nodes: int | None = None  # this step's tree node budget, from its plan (0 = a
-    # chain); None only outside the engine: the proposer's configured one
+    tree_nodes: int | None = None  # this step's tree node budget (0 = a chain: a grammar's
+    # forced tokens); None: the proposer's configured one
 
     def tree_budget(self, configured: int) -> int:
         return configured if self.tree_nodes is None else min(self.tree_nodes, configured)
@@ -126,7 +126,7 @@ class Proposer(ABC):
 
     def evidence(self, ctx: DraftContext) -> Evidence | None:
         """How well this proposer can guess at ctx, known before it drafts (n-gram
-        lookup: its matched suffix length). The adaptive controller keeps acceptance
+        lookup: its matched suffix length). The adaptive policy keeps acceptance
         per evidence key and picks k from the one at hand (verispec.policy,
         "Evidence"). None: no such evidence."""
         return None
