@@ -238,7 +238,10 @@ class Shift(World):
 
 
 @pytest.mark.parametrize("cost", [DRAFT, NGRAM])
-def test_regime_change_drops_k_within_30_steps(cost):
+def test_regime_change_drops_k_within_a_few_half_lives(cost):
+    """Forgetting alone (half-life 16 steps) follows an abrupt change within about four
+    half-lives. (A change detector that reset the counts did it within 30 steps; it
+    gained nothing on the bench's replay and went: docs/notebook/house_policy.md.)"""
     # A free proposer reports shadows at k = 0; a draft model relies on probes.
     high, low = optimal_k(0.9, cost, MAX_K), optimal_k(0.1, cost, MAX_K)
     assert high.k >= 5 and low.k <= 1
@@ -246,27 +249,19 @@ def test_regime_change_drops_k_within_30_steps(cost):
     _, ks = run(controller, Shift(0.9, 0.1, 200, cost, seed=7), 400,
                 shadow=cost.draft_cost == 0)
     assert np.median(ks[150:200]) >= high.k - 3
-    assert ks[230:].max() <= 2
-    assert np.median(ks[230:]) == low.k
+    assert ks[264:].max() <= 2
+    assert np.median(ks[264:]) == low.k
     # Near break-even the estimate wanders between neighbours of the optimum;
     # what matters is the rate those choices get at the true alpha.
-    rate = np.mean([expected_speedup(0.1, k, cost) for k in ks[230:]])
+    rate = np.mean([expected_speedup(0.1, k, cost) for k in ks[264:]])
     assert rate >= 0.97 * low.speedup
-    assert controller.resets >= 1
-
-
-def test_few_false_alarms_in_a_steady_regime():
-    controller = AdaptiveK(MAX_K, NGRAM)
-    run(controller, World([0.9], NGRAM, seed=10), 3000)
-    assert controller.resets <= 5
 
 
 def test_per_depth_estimates_converge(monkeypatch):
     truth = [0.9, 0.7, 0.5, 0.3]
     world = World(truth, NGRAM, seed=8)
-    # A long memory and a strict change test isolate the estimator itself.
+    # A long memory isolates the estimator itself.
     monkeypatch.setattr(policy_module, "HALF_LIFE", 2000.0)
-    monkeypatch.setattr(policy_module, "CHANGE_P", 1e-12)
     controller = AdaptiveK(MAX_K, NGRAM)
     for _ in range(4000):
         world.step(4).teach(controller)
@@ -441,8 +436,7 @@ def test_depth_acceptance_equals_the_full_vector_update(seed):
 
     rng = np.random.default_rng(seed)
     depth, half_life, prior, strength, pool = 8, float(rng.uniform(2, 32)), 0.4, 2.0, 1.0
-    # change_p this small never resets, so the reference needs no change detection.
-    estimate = DepthAcceptance(depth, half_life, prior, strength, pool, 4, 1e-300)
+    estimate = DepthAcceptance(depth, half_life, prior, strength, pool)
     gamma = 0.5 ** (1.0 / half_life)
     succ, fail = np.zeros(depth), np.zeros(depth)
     succ[0], fail[0] = prior * strength, (1 - prior) * strength
@@ -462,7 +456,6 @@ def test_depth_acceptance_equals_the_full_vector_update(seed):
             parent = (succ[i] + weight * parent) / (counts[i] + weight)
             want[i], weight = parent, pool
         want[reached:] = parent
-        assert estimate._first_alpha() == want[0]
         np.testing.assert_array_equal(estimate.alphas, want)
 
 

@@ -6,14 +6,12 @@ counts is the estimate of the per-token acceptance under a geometric model (`Tal
 Per depth, alpha_i = P(draft i accepted | drafts < i accepted) from the same outcomes
 (depths 1..a succeeded, depth a + 1 failed if rejected): `DepthAcceptance`, a `Tally`
 per depth, each depth shrunk toward the one above it. Counts are discounted (half-life
-in observed steps) to follow text that changes character, and a binomial test on the
-last few outcomes resets them at an abrupt change (ADWIN-style windowing, Bifet &
-Gavalda 2007), since forgetting alone needs several half-lives to cross a gap.
+in observed steps) to follow text that changes character. (A binomial test that reset the
+counts at an abrupt change was measured to change nothing on the bench's replay and went:
+docs/notebook/house_policy.md.)
 """
 from __future__ import annotations
 
-import math
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,13 +22,6 @@ class Evidence:
     """What a proposer knows, before drafting, about how good its guess will be."""
     key: int  # small integer naming the situation (n-gram lookup: matched suffix length)
     prior_alpha: float  # first-draft acceptance to assume in it until some are measured
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    accepted: int
-    rejected: bool
-    alpha_before: float  # depth-1 estimate before this outcome was counted
 
 
 @dataclass
@@ -54,31 +45,21 @@ class Tally:
         return self.accepted / max(self.count, 1e-9)
 
 
-def _binomial_tail(x: int, n: int, p: float) -> float:
-    """min(P(X <= x), P(X >= x)) for X ~ Binomial(n, p)."""
-    pmf = [math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(n + 1)]
-    return min(sum(pmf[: x + 1]), sum(pmf[x:]))
-
-
 class DepthAcceptance:
-    """A `Tally` per depth, each shrunk toward the depth above, with abrupt-change resets."""
+    """A `Tally` per depth, each shrunk toward the depth above."""
 
     def __init__(self, max_depth: int, half_life: float, prior_alpha: float,
-                 prior_strength: float, pool_strength: float, change_window: int,
-                 change_p: float) -> None:
+                 prior_strength: float, pool_strength: float) -> None:
         self.max_depth = max_depth
         self._gamma = 0.5 ** (1.0 / half_life)
         self._prior_alpha, self._prior_strength = prior_alpha, prior_strength
         self._pool = pool_strength
-        self._change_p = change_p
-        self._recent: deque[_Outcome] = deque(maxlen=change_window)
         # Depths at and past `_top` were never counted (their tallies are 0).
         self._depths = [Tally() for _ in range(max_depth)]
         self._top = 0
         # Cached `alpha_list` and `alphas`, dropped when the counts change.
         self._alphas: list[float] | None = None
         self._array: np.ndarray | None = None
-        self.resets = 0  # abrupt changes detected
         self._restart()
 
     @property
@@ -111,11 +92,6 @@ class DepthAcceptance:
         self._alphas = out
         return out
 
-    def _first_alpha(self) -> float:
-        """alphas[0] without building the vector (depth 1 is never pooled with a parent)."""
-        first = self._depths[0]
-        return first.accepted / first.count if first.count > 0 else self._prior_alpha
-
     def seed(self, alpha: float, strength: float) -> None:
         """Restart from a depth-1 prior of `alpha` worth `strength` observations."""
         if not (0.0 <= alpha <= 1.0 and strength > 0):
@@ -127,23 +103,7 @@ class DepthAcceptance:
         """One step's outcome: `accepted` drafts, then a rejected one if `rejected`."""
         if not accepted and not rejected:
             return  # no evidence; forgetting is per observation so k = 0 does not drift
-        self._recent.append(_Outcome(accepted, rejected, self._first_alpha()))
         self._count(accepted, rejected)
-        if len(self._recent) < self._recent.maxlen:
-            return
-        # Test the window against the belief held before it began: the current
-        # estimate has already absorbed the window and would mask the change.
-        p = min(max(self._recent[0].alpha_before, 0.01), 0.99)
-        hits = sum(1 for o in self._recent if o.accepted > 0)
-        if _binomial_tail(hits, len(self._recent), p) < self._change_p:
-            # Forget the old regime; the newest half of the window is the best
-            # evidence about the new one (the older half may straddle the change).
-            self.resets += 1
-            keep = list(self._recent)[len(self._recent) // 2:]
-            self._restart()
-            self._recent.clear()
-            for o in keep:
-                self._count(o.accepted, o.rejected)
 
     def _restart(self) -> None:
         # The prior lives in the depth-1 counts and decays with them, so after

@@ -8,7 +8,7 @@ T_verify(1)) wins whenever speculation cannot pay, which is what keeps adaptive
 decoding from being slower than plain decoding for long.
 
 * Acceptance per depth, alpha_i (verispec.acceptance.DepthAcceptance): discounted
-  counts of censored chain outcomes, reset at an abrupt change. A proposer that can
+  counts of censored chain outcomes. A proposer that can
   tell, before drafting, how good its guess will be (`Proposer.evidence`: n-gram
   lookup's matched suffix length) gets one estimate per evidence value as well: see
   "Evidence" below.
@@ -76,10 +76,6 @@ HALF_LIFE = 16.0
 # depth 1 (this alpha, or an evidence key's) and from the depth above at deeper depths.
 PRIOR_ALPHA = 0.5
 PRIOR_WEIGHT = 1.0
-# An abrupt change: the last CHANGE_WINDOW outcomes' first-draft acceptances are this
-# unlikely under the estimate held before them (a binomial tail), and the old regime goes.
-CHANGE_WINDOW = 8
-CHANGE_P = 1e-4
 # Every this many speculative steps, one drafts k + 1 or k - 1 instead (and the batch
 # scheduler moves one request's k): the widths beside the choice get measured.
 EXPLORE_EVERY = 16
@@ -126,8 +122,7 @@ class AdaptiveK(Policy):
         self._explore = LookAgain(EXPLORE_EVERY)  # speculative steps between explorations
 
     def _new_estimate(self, prior_alpha: float) -> DepthAcceptance:
-        return DepthAcceptance(self.max_depth, HALF_LIFE, prior_alpha, PRIOR_WEIGHT,
-                               PRIOR_WEIGHT, CHANGE_WINDOW, CHANGE_P)
+        return DepthAcceptance(self.max_depth, HALF_LIFE, prior_alpha, PRIOR_WEIGHT, PRIOR_WEIGHT)
 
     # -- the Policy interface ---------------------------------------------------
     def plan(self, ctx: PlanContext, room: int) -> Plan:
@@ -170,11 +165,6 @@ class AdaptiveK(Policy):
     def alphas(self) -> np.ndarray:
         """Estimated alpha_i for depths 1..max_depth over every outcome (read-only)."""
         return self._pooled.alphas
-
-    @property
-    def resets(self) -> int:
-        """Abrupt changes detected in the pooled estimate."""
-        return self._pooled.resets
 
     @property
     def probes(self) -> int:
