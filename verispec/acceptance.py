@@ -6,9 +6,7 @@ counts is the estimate of the per-token acceptance under a geometric model (`Tal
 Per depth, alpha_i = P(draft i accepted | drafts < i accepted) from the same outcomes
 (depths 1..a succeeded, depth a + 1 failed if rejected): `DepthAcceptance`, a `Tally`
 per depth, each depth shrunk toward the one above it. Counts are discounted (half-life
-in observed steps) to follow text that changes character. (A binomial test that reset the
-counts at an abrupt change was measured to change nothing on the bench's replay and went:
-docs/notebook/house_policy.md.)
+in observed steps) to follow text that changes character.
 """
 from __future__ import annotations
 

@@ -104,8 +104,8 @@ def best_rate(tokens: Sequence[float], seconds: Sequence[float]) -> Choice:
 
 
 # Seconds measured on this machine are discounted with this half-life, in readings: step
-# times drift by 10-25% over seconds on a shared CPU (docs/notebook/redesign.md), slower
-# than a request's text changes character.
+# times drift over seconds on a shared CPU (docs/notebook/redesign.md), more slowly than a
+# request's text changes character.
 COST_HALF_LIFE = 64.0
 # A reading above this multiple of the estimate is a one-off stall (a new kernel shape, a
 # GC pause) and counts as this multiple: one stall must not price a width out for good.

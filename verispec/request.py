@@ -31,9 +31,9 @@ from .engine import Committed, commit, feed, new_sequence, prefill_item, prefill
 from .grammar import Constraint
 from .metrics import Stats, StepRecord
 from .models.base import BatchItem, ForwardOutput, TargetModel
-from .processors import TokenLogprob
 from .plan import Outcome, Plan, PlanContext, Policy, Quote
 from .policy import policy_for
+from .processors import TokenLogprob
 from .proposers.base import Proposer
 from .stopping import Stopper
 
