@@ -217,6 +217,9 @@ class Engine:
         """A step-wise request over token ids (see `request.SpecRequest`): what the
         single-request loop and the serving scheduler both drive."""
         validate_prompt(self.target, ids, sampling)
+        check = getattr(self.target, "row_check", None)  # the CUDA path's start-up self-check
+        if check is not None and not check.ok and spec.proposer != "none":
+            raise ValueError(check.refusal())
         generator = make_generator(sampling.seed, self.target.device)
         proposer = proposers.build(ProposerSetup(
             self.target, spec, sampling, generator,
