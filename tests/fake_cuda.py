@@ -12,6 +12,7 @@ Inside `FakeCuda()`:
   blocking copy to the host, a blocking copy from the host) is counted in `syncs`,
   with its call site in `sites`, and so is `torch.cuda.synchronize`.
 Generators made by verispec on "cuda" are CPU generators here (no CUDA build needed).
+`ReplayedSteps` stands in for the CUDA graphs of the static path.
 """
 from __future__ import annotations
 
@@ -219,3 +220,20 @@ class _TorchWithFakeGenerator:
 
     def __getattr__(self, name):
         return getattr(torch, name)
+
+
+class ReplayedSteps:
+    """Stands in for step_graphs.StepGraphs on CPU: runs the step eagerly but, as a
+    graph's replay does, leaves every run's outputs in the same tensors."""
+
+    def __init__(self, step) -> None:
+        self.step, self.keys, self._kept = step, set(), {}
+
+    def run(self, slab, kv, hidden_layers):
+        self.keys.add((slab, hidden_layers))
+        out = self.step(kv, hidden_layers)
+        kept = self._kept.setdefault((slab, hidden_layers), out)
+        for mine, new in zip((kept.logits, kept.greedy, *kept.hidden),
+                             (out.logits, out.greedy, *out.hidden)):
+            mine.copy_(new)
+        return kept

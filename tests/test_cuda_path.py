@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import CharTokenizer
+from fake_cuda import ReplayedSteps
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.models.cuda_setup import static_unsupported
 from verispec.models.gemma import NativeGemma
@@ -40,6 +41,20 @@ def test_static_step_computes_the_native_forward(static, tiny_native):
     want = tiny_native.forward(tree, tiny_native.cache, positions=positions, mask=mask).logits
     got = static.forward(tree, static.cache, positions=positions, mask=mask).logits
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_outputs_survive_the_next_replay(tiny_native):
+    """A block of several steps returns every step's rows, though each replay of a
+    captured step overwrites the outputs of the one before."""
+    eager = StaticLlama.from_native(tiny_native, width=8)
+    replayed = StaticLlama.from_native(tiny_native, width=8)
+    replayed.graphs = ReplayedSteps(replayed._step)
+    ids = torch.arange(5, 30)
+    want = eager.forward(ids, eager.new_cache(), hidden_layers=(1, 4))
+    got = replayed.forward(ids, replayed.new_cache(), hidden_layers=(1, 4))
+    assert torch.equal(got.logits, want.logits)
+    assert all(torch.equal(a, b) for a, b in zip(got.hidden, want.hidden))
+    assert replayed.graphs.keys == {(0, (1, 4))}
 
 
 def test_decode_equals_verify_bit_for_bit(static):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import CharTokenizer, tiny_llama
-from fake_cuda import FakeCuda, on_fake
+from fake_cuda import FakeCuda, ReplayedSteps, on_fake
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.models import cuda_setup, static_llama
 from verispec.models.hf import HFModel
@@ -110,15 +110,7 @@ def test_loading_on_cuda_takes_the_static_path(repetitive, monkeypatch):
     calls = []
     monkeypatch.setattr(cuda_setup, "batch_invariant_blas", lambda: calls.append("blas") or {})
 
-    class EagerGraphs:
-        def __init__(self, step):
-            self.step, self.keys = step, set()
-
-        def run(self, slab, kv, hidden_layers):
-            self.keys.add((slab, hidden_layers))
-            return self.step(kv, hidden_layers)
-
-    monkeypatch.setattr(static_llama, "StepGraphs", EagerGraphs)
+    monkeypatch.setattr(static_llama, "StepGraphs", ReplayedSteps)
     spec = SpecConfig("ngram", k=4)
     want = Engine(StaticLlama.from_native(NativeLlama.from_dir(repetitive, torch.float32))
                   ).generate([1, 2, 3], SamplingParams(max_new_tokens=24), spec)

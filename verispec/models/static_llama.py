@@ -118,12 +118,22 @@ class StaticLlama(NativeLlama):
                 staged = stage(tokens[a:b], start + a, piece_pos, piece_mask, self.width,
                                self.pool.slots, self._window, self._pin)
                 out = self._run(staged, cache.slab, hidden_layers)
-                wanted = max(0, b - max(a, n - num_logits))
-                pieces.append(_Piece(out, b - a, wanted))
+                # Copied out now: the next step (a graph's replay) overwrites its outputs.
+                rows, wanted = b - a, max(0, b - max(a, n - num_logits))
+                pieces.append(ForwardOutput(out.logits[rows - wanted:rows].clone(),
+                                            tuple(h[:rows].clone() for h in out.hidden),
+                                            out.greedy[:rows + 1].clone()))
         except BaseException:
             cache.truncate(start)
             raise
-        return _assemble(pieces, hidden_layers, n <= self.width and num_logits == n)
+        if len(pieces) == 1:
+            whole = pieces[0]
+            if num_logits < n:
+                whole.greedy = None  # the verdict reads every row's logits
+            return whole
+        return ForwardOutput(torch.cat([p.logits for p in pieces]),
+                             tuple(torch.cat([p.hidden[i] for p in pieces])
+                                   for i in range(len(hidden_layers))))
 
     def _run(self, staged: Staged, slab: int, hidden_layers: tuple[int, ...]) -> StepOut:
         self._ints.copy_(staged.ints, non_blocking=True)
@@ -203,20 +213,3 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tail_slot
     tail_out = torch.matmul(probs[..., slots:].permute(0, 2, 1, 3), tail_values)  # [kv, rows, g, hd]
     out = out + tail_out.permute(1, 0, 2, 3).float()
     return out.to(q.dtype).reshape(rows, heads * head_dim)
-
-
-@dataclass
-class _Piece:
-    out: StepOut
-    rows: int  # real rows of the step
-    wanted: int  # of them, the last ones whose logits the caller asked for
-
-
-def _assemble(pieces: list[_Piece], hidden_layers: tuple[int, ...], verdict: bool) -> ForwardOutput:
-    """The real rows of the steps as one ForwardOutput, copied out of the step's
-    buffers (the next step overwrites them)."""
-    logits = torch.cat([p.out.logits[p.rows - p.wanted:p.rows] for p in pieces])
-    hidden = tuple(torch.cat([p.out.hidden[i][:p.rows] for p in pieces])
-                   for i in range(len(hidden_layers)))
-    greedy = pieces[0].out.greedy[:pieces[0].rows + 1].clone() if verdict else None
-    return ForwardOutput(logits=logits, hidden=hidden, greedy=greedy)
