@@ -31,7 +31,7 @@ _HOST_READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__,
                torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__}
 _MIXING_ALLOWED = {torch.Tensor.copy_, torch.Tensor.__getitem__, torch.Tensor.__setitem__,
                    torch.Tensor.index_put_, torch.Tensor.to, torch.Tensor.cpu,
-                   torch.Tensor.cuda, torch.Tensor.type_as}
+                   torch.Tensor.cuda, torch.Tensor.type_as, torch._has_compatible_shallow_copy_type}
 
 
 class DeviceTensor(torch.Tensor):
@@ -122,7 +122,11 @@ class FakeCuda(TorchFunctionMode):
         self._saved = {}
 
     def __enter__(self):
-        self._saved = {"synchronize": torch.cuda.synchronize, "generator": torch.Generator}
+        self._saved = {"synchronize": torch.cuda.synchronize, "generator": torch.Generator,
+                       "overwrite": torch.__future__.get_overwrite_module_params_on_conversion()}
+        # Module.to("cuda") then swaps in the moved tensors, so parameters are on the fake
+        # GPU too (by default it assigns their .data, which drops the marker).
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
         torch.cuda.synchronize = lambda *a, **k: self._sync("torch.cuda.synchronize")
         real = self._saved["generator"]
 
@@ -137,6 +141,7 @@ class FakeCuda(TorchFunctionMode):
 
     def __exit__(self, *exc):
         torch.cuda.synchronize = self._saved["synchronize"]
+        torch.__future__.set_overwrite_module_params_on_conversion(self._saved["overwrite"])
         import verispec.sampling as sampling
 
         sampling.torch = self._saved["sampling_torch"]
@@ -155,6 +160,8 @@ class FakeCuda(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func is torch._C._nn._parse_to:  # Module.to's parser: "cuda" stays a device name
+            return func(*args, **kwargs)
         getter = getattr(func, "__self__", None)
         if getter is _DEVICE:
             return FAKE if on_fake(args[0]) else func(*args)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import CharTokenizer, tiny_llama
+from heads_support import random_head
 from fake_cuda import FakeCuda, ReplayedSteps, on_fake
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.models import cuda_setup, static_llama
@@ -123,3 +124,23 @@ def test_loading_on_cuda_takes_the_static_path(repetitive, monkeypatch):
     assert model.row_check.ok, model.row_check.detail
     assert model.graphs.keys and all(hidden == () for _, hidden in model.graphs.keys)
     assert got.token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_heads_draft_on_the_device_with_a_read_per_proposal(repetitive, tmp_path, kind):
+    """EAGLE and Medusa on a (pretend) GPU: they read the target's hidden rows there,
+    their chain comes to the host once per proposal, and the output is plain greedy's."""
+    cpu = StaticLlama.from_native(NativeLlama.from_dir(repetitive, torch.float32), width=8)
+    head = str(random_head(tmp_path / kind, kind, cpu))
+    want = Engine(cpu).generate([1, 2, 3], SamplingParams(max_new_tokens=24),
+                                SpecConfig("none", k=0))
+    with FakeCuda() as fake:
+        engine = Engine(_static_on_fake(repetitive))
+        fake.reset()
+        got = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=24),
+                              SpecConfig(kind, k=3, head=head))
+        logprobs = engine.prompt_logprobs([1, 2, 3, 4], top=2)
+    assert got.token_ids == want.token_ids and got.stats.drafted > 0
+    drafting = sum(1 for step in got.stats.steps if step.k)
+    assert fake.syncs <= got.stats.target_forwards + drafting + 2, fake.sites
+    assert logprobs[0] is None and len(logprobs[1].top) == 2

@@ -288,7 +288,8 @@ class Engine:
             logits = self.target.forward(torch.tensor(ids[:-1]), cache,
                                          num_logits=len(ids) - 1).logits  # [n - 1, vocab]
         rows = logprob_rows(logits, SamplingParams())  # [n - 1, vocab]
-        picked = rows.gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1).tolist()
+        picked = rows.gather(-1, torch.tensor(ids[1:], device=rows.device)[:, None])
+        picked = picked.squeeze(-1).tolist()
         tops = rows.topk(top, dim=-1) if top else None
         out: list[TokenLogprob | None] = [None]
         for i, (token, value) in enumerate(zip(ids[1:], picked)):

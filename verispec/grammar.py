@@ -267,7 +267,7 @@ def constrained_proposal(constraint: Constraint, proposer, ctx, budget: int):
         Proposal.empty()
     if inner.tree is not None:
         inner = _first_path(inner.tree)
-    tokens = torch.cat([torch.tensor(forced, dtype=torch.long), inner.tokens.to(torch.long)])
+    tokens = torch.cat([torch.tensor(forced, dtype=torch.long), inner.tokens.to("cpu", torch.long)])
     probs = None
     if inner.draft_probs is not None:
         one_hot = torch.nn.functional.one_hot(torch.tensor(forced, dtype=torch.long),
