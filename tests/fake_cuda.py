@@ -54,7 +54,7 @@ def _mark(value):
         return value.as_subclass(DeviceTensor)
     if isinstance(value, (tuple, list)):
         marked = [_mark(v) for v in value]
-        return type(value)(marked) if isinstance(value, list) else tuple(marked)
+        return tuple(marked) if type(value) is tuple else type(value)(marked)  # keeps topk's names
     return value
 
 

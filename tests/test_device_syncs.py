@@ -134,13 +134,17 @@ def test_heads_draft_on_the_device_with_a_read_per_proposal(repetitive, tmp_path
     head = str(random_head(tmp_path / kind, kind, cpu))
     want = Engine(cpu).generate([1, 2, 3], SamplingParams(max_new_tokens=24),
                                 SpecConfig("none", k=0))
+    spec = SpecConfig(kind, k=3, head=head)
     with FakeCuda() as fake:
         engine = Engine(_static_on_fake(repetitive))
+        engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2), spec)  # loads the head
         fake.reset()
-        got = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=24),
-                              SpecConfig(kind, k=3, head=head))
+        got = engine.generate([1, 2, 3], SamplingParams(max_new_tokens=24), spec)
+        generating = fake.syncs
+        fake.reset()
         logprobs = engine.prompt_logprobs([1, 2, 3, 4], top=2)
     assert got.token_ids == want.token_ids and got.stats.drafted > 0
     drafting = sum(1 for step in got.stats.steps if step.k)
-    assert fake.syncs <= got.stats.target_forwards + drafting + 2, fake.sites
+    assert generating <= got.stats.target_forwards + drafting + 2, fake.sites
+    assert fake.syncs <= 4, fake.sites  # the prompt in, the picked values and the top lists out
     assert logprobs[0] is None and len(logprobs[1].top) == 2

@@ -8,7 +8,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("1. bf16 matmul row invariance", "2. Model: decode against verify blocks",
@@ -59,13 +58,12 @@ def test_without_a_gpu_the_check_says_how_to_dry_run():
     assert run.returncode == 2 and "--cpu-dry-run" in run.stderr
 
 
-@pytest.mark.slow
-def test_dry_run_writes_every_section(tmp_path):
+def test_dry_run_writes_every_section(tmp_path, whole_script):
     """Every section's code on the CPU, to one report with the goals at the end."""
     out = tmp_path / "report.md"
     run = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-dry-run", "--out", str(out),
                           "--model", str(tmp_path / "tiny"), "--work", str(tmp_path / "work")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+                         cwd=whole_script, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     report = out.read_text()
     for title in SECTIONS:

@@ -282,8 +282,9 @@ class Engine:
         picked = rows.gather(-1, torch.tensor(ids[1:], device=rows.device)[:, None])
         picked = picked.squeeze(-1).tolist()
         tops = rows.topk(top, dim=-1) if top else None
+        top_ids = tops.indices.tolist() if top else [[]] * len(picked)  # one read each
+        top_values = tops.values.tolist() if top else [[]] * len(picked)
         out: list[TokenLogprob | None] = [None]
-        for i, (token, value) in enumerate(zip(ids[1:], picked)):
-            best = tuple(zip(tops.indices[i].tolist(), tops.values[i].tolist())) if top else ()
-            out.append(TokenLogprob(token, value, best))
+        for token, value, ids_i, values_i in zip(ids[1:], picked, top_ids, top_values):
+            out.append(TokenLogprob(token, value, tuple(zip(ids_i, values_i))))
         return out
