@@ -28,8 +28,8 @@ def main() -> None:
 
     from verispec import Engine, SamplingParams
     from verispec.bench.workloads import load_workload
-    from verispec.proposers.eagle import EagleProposer
     from verispec.spec_text import parse_token
+    from verispec.proposers.eagle import EagleProposer
 
     engine = Engine("default")
     prompts = [engine.encode_messages(list(p.messages))

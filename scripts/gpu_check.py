@@ -101,10 +101,10 @@ def model_bits(model, blocks) -> tuple[str, bool]:
 
 
 def greedy_equality(engine, sizes: Sizes, proposers: list[str]) -> tuple[str, dict]:
-    from verispec.bench.runner import BenchConfig, Runner, VERISPEC, encode_prompts, proposer_spec
+    from verispec.bench.runner import VERISPEC, BenchConfig, Runner, encode_prompts, proposer_spec
     from verispec.bench.workloads import WORKLOADS, load_workload
     from verispec.config import SamplingParams
-    from verispec.lossless import compare_greedy
+    from verispec.step.lossless import compare_greedy
 
     sampling = SamplingParams(max_new_tokens=sizes.max_new_tokens, seed=0)
     raw = [p for name in WORKLOADS for p in load_workload(name, sizes.limit)]
@@ -182,7 +182,7 @@ def speed(engine, hf_engine, sizes: Sizes, out_dir: Path, peers: str) -> tuple[s
 
 def plain_tok_s(engine, sizes: Sizes) -> float:
     """Median tok/s of plain decoding on the speed workloads' prompts (one warm-up)."""
-    from verispec.bench.runner import BenchConfig, Runner, VERISPEC, encode_prompts, proposer_spec
+    from verispec.bench.runner import VERISPEC, BenchConfig, Runner, encode_prompts, proposer_spec
     from verispec.bench.workloads import load_workload
     from verispec.config import SamplingParams
 

@@ -23,7 +23,7 @@ import torch
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench.workloads import load_workload, parse_workloads
 from verispec.config import DEFAULT_SPEC
-from verispec.processors import LogitProcessor, chain_ancestry
+from verispec.step.processors import LogitProcessor, chain_ancestry
 
 PENALTIES = dict(presence_penalty=0.3, frequency_penalty=0.3, repetition_penalty=1.1,
                  logit_bias={13: 1.0, 28: -1.0, 30: 0.5})

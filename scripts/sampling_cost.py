@@ -17,7 +17,7 @@ import torch
 from verispec.api import Engine
 from verispec.bench.workloads import load_workload
 from verispec.config import SamplingParams
-from verispec.sampling import logits_to_probs, make_generator, sample
+from verispec.step.sampling import logits_to_probs, make_generator, sample
 
 
 def sorted_top_p(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

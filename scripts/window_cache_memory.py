@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.kv_cache import MixedKVCache, StaticKVCache
+from verispec.step.kv_cache import MixedKVCache, StaticKVCache
 
 # name, layers, local:global period, kv heads, head_dim, window, context (from the configs)
 SHAPES = [("Gemma-2-2B", 26, 2, 4, 256, 4096, 8192), ("Gemma-3-1B", 26, 6, 1, 256, 512, 32768),

@@ -133,7 +133,7 @@ class FakeCuda(TorchFunctionMode):
         def generator(device="cpu"):
             return real(device="cpu")
 
-        import verispec.sampling as sampling
+        import verispec.step.sampling as sampling
 
         self._saved["sampling_torch"] = sampling.torch
         sampling.torch = _TorchWithFakeGenerator(generator)
@@ -142,7 +142,7 @@ class FakeCuda(TorchFunctionMode):
     def __exit__(self, *exc):
         torch.cuda.synchronize = self._saved["synchronize"]
         torch.__future__.set_overwrite_module_params_on_conversion(self._saved["overwrite"])
-        import verispec.sampling as sampling
+        import verispec.step.sampling as sampling
 
         sampling.torch = self._saved["sampling_torch"]
         return super().__exit__(*exc)
@@ -219,7 +219,7 @@ class FakeCuda(TorchFunctionMode):
 
 
 class _TorchWithFakeGenerator:
-    """verispec.sampling's view of torch inside FakeCuda: Generator(device="cuda") is a
+    """verispec.step.sampling's view of torch inside FakeCuda: Generator(device="cuda") is a
     CPU generator, everything else is torch."""
 
     def __init__(self, generator) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from verispec.heads import build_module, save_head
-from verispec.heads.format import new_config
-from verispec.heads.target_parts import describe_target
+from verispec.proposers.heads import build_module, save_head
+from verispec.proposers.heads.format import new_config
+from verispec.proposers.heads.target_parts import describe_target
 from verispec.training.pipeline import PipelineSettings, TrainResult, run_pipeline
 from verispec.training.responses import GenerationSettings, PromptIds
 from verispec.training.trainer import TrainSettings

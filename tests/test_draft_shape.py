@@ -1,5 +1,5 @@
 """A tree step is priced as the pass it is: the adaptive controller learns what a step
-of k feeds and reaches (verispec.draft_shape) and, on a steep cost curve, stops drafting
+of k feeds and reaches (verispec.policy.draft_shape) and, on a steep cost curve, stops drafting
 a lookahead tree that a chain's price would have made look cheap."""
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from conftest import CharTokenizer
 from tree_support import Recorded
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.draft_shape import DraftShape, Shape, between
-from verispec.economics import CostModel, StepCost
 from verispec.metrics import Stats
-from verispec.plan import Outcome, Plan
-from verispec.policy import AdaptiveK
+from verispec.policy.adaptive import AdaptiveK
+from verispec.policy.draft_shape import DraftShape, Shape, between
+from verispec.policy.economics import CostModel, StepCost
+from verispec.policy.plan import Outcome, Plan
 from verispec.proposers.lookahead import LookaheadProposer, LookaheadSettings
 from verispec.request import SpecRequest, run_alone
 from verispec.serving.cost import Candidate, allocate
-from verispec.stopping import Stopper
+from verispec.step.stopping import Stopper
 
 T1 = 0.01
 # Steep like this CPU's integer path (docs/suffix.md): a wide step costs far more than two rows.

@@ -11,17 +11,17 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import tiny_llama
 from heads_support import random_head, trained
 from test_greedy_equality import PROMPTS, plain
 from test_head_equality import _exact_marginals, _first_two_counts, _worst_pvalue
+
 from verispec import Engine, SamplingParams, SpecConfig, kernels
-from verispec.heads import load_head
-from verispec.heads.eagle import HeadCache
 from verispec.models.llama import NativeLlama
 from verispec.proposers import ProposerSetup, build
 from verispec.proposers.base import DraftContext
+from verispec.proposers.heads import load_head
+from verispec.proposers.heads.eagle import HeadCache
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs verispec's bf16 kernels")
 
@@ -139,7 +139,7 @@ def test_tree_rows_equal_their_paths_fed_as_chains_bit_for_bit(target, heads, mo
     row under its mask gives exactly the bits of its path drafted as a chain."""
     from verispec.proposers import eagle as eagle_module
     from verispec.proposers.tree_drafting import DraftTree
-    from verispec.token_tree import ROOT
+    from verispec.step.token_tree import ROOT
 
     spec = SpecConfig("eagle", head=heads["trained"], k=3, tree=12, tree_branch=2)
     proposer = build(ProposerSetup(target, spec, SamplingParams(), torch.Generator()))
@@ -206,9 +206,9 @@ def test_draft_rows_in_the_targets_blocks_give_the_dense_rows_logits(default_mod
     """The default model's LM head is its tied Q8_0 embedding: the draft
     vocabulary's rows packed in those blocks give bit for bit the logits of
     the same rows dequantized to bf16, at about half the bytes."""
-    from verispec.heads.runtime import DraftOutput
-    from verispec.heads.target_parts import target_parts
     from verispec.models.loading import load_target
+    from verispec.proposers.heads.runtime import DraftOutput
+    from verispec.proposers.heads.target_parts import target_parts
 
     target = load_target(default_model).target
     parts = target_parts(target)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from verispec.bench.econ_cli import main
-from verispec.economics import (
+from verispec.bench.simulate import SimResult, simulate, spread_by_rounds, tokens_std
+from verispec.policy.economics import (
     CostModel,
     OptimalK,
     ceiling,
@@ -18,7 +19,6 @@ from verispec.economics import (
     optimal_k,
     tokens_per_pass,
 )
-from verispec.bench.simulate import SimResult, simulate, spread_by_rounds, tokens_std
 
 
 @pytest.mark.parametrize(
@@ -209,7 +209,7 @@ def _reference_table(cost, max_width: int) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_step_cost_table_equals_the_interpolation_it_stands_for(seed):
-    from verispec.economics import StepCost
+    from verispec.policy.economics import StepCost
 
     rng = np.random.default_rng(seed)
     prior = CostModel(verify_overhead=float(rng.uniform(0, 0.2))) if seed % 2 else None
@@ -226,7 +226,7 @@ def test_step_cost_table_equals_the_interpolation_it_stands_for(seed):
 def test_step_cost_discounts_each_measured_width_by_its_age():
     """A width's prediction is the discounted mean of its own steps, each weighed by
     gamma ** (steps observed since), whatever other widths ran in between."""
-    from verispec.economics import StepCost
+    from verispec.policy.economics import StepCost
 
     cost = StepCost(CostModel(verify_overhead=0.1), half_life=4.0)
     gamma = 0.5 ** (1 / 4.0)
@@ -242,7 +242,7 @@ def test_step_cost_discounts_each_measured_width_by_its_age():
 def test_an_estimate_skips_its_first_reading_only():
     """A first reading may carry warm-up: a draft price and a request's step-cost curve skip
     it (economics.WarmUp); a server's curve, which starts from timed forwards, keeps it."""
-    from verispec.economics import SecondsPerUnit, StepCost
+    from verispec.policy.economics import SecondsPerUnit, StepCost
 
     price = SecondsPerUnit()
     price.observe(0.050, 1)  # the first: skipped

@@ -1,4 +1,4 @@
-"""Grammar-constrained output under speculation (verispec.grammar): output
+"""Grammar-constrained output under speculation (verispec.step.grammar): output
 always parses and validates, greedy speculative output equals greedy plain
 constrained output, forced tokens are drafted and accepted, and a draft is cut
 before its first forbidden token.
@@ -14,8 +14,8 @@ import re
 import jsonschema
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from verispec import Engine, Grammar, SamplingParams, SpecConfig
 from verispec.models.hf import HFModel
 from verispec.models.llama import NativeLlama
@@ -151,8 +151,8 @@ def test_regex_and_lark_grammars(engine):
 
 
 def test_draft_is_cut_before_a_forbidden_token(engine, tokenizer):
-    from verispec.grammar import Constraint, constrained_proposal, ll_tokenizer
     from verispec.proposers.base import DraftContext, Proposal
+    from verispec.step.grammar import Constraint, constrained_proposal, ll_tokenizer
 
     constraint = Constraint(Grammar("regex", "ab+c"), ll_tokenizer(tokenizer, VOCAB), VOCAB)
 
@@ -212,7 +212,7 @@ def test_a_grammar_that_gives_up_mid_output_stops_the_request(tokenizer):
     every token), or the constraint would silently lift."""
     import llguidance
 
-    from verispec.grammar import Constraint, GrammarLimitError, ll_tokenizer
+    from verispec.step.grammar import Constraint, GrammarLimitError, ll_tokenizer
 
     schema = {"type": "object", "properties": {"name": {"type": "string"},
                                                "tags": {"type": "array", "items": {"type": "string"}}}}
@@ -244,8 +244,8 @@ def test_a_draft_past_the_limits_costs_the_draft_not_the_request(engine, tokeniz
     adaptive k). The target never opens an object here (logit_bias), so plain
     decoding never meets the limit; speculation must not either, and must give
     plain decoding's output."""
-    from verispec import grammar
-    from verispec.grammar import GrammarLimitError
+    from verispec.step import grammar
+    from verispec.step.grammar import GrammarLimitError
 
     monkeypatch.setitem(grammar.LIMITS, "step_max_items", 20)
     prompt = tokenizer.encode('x\n{"name": "ab", "tags": []}\nx\n', add_special_tokens=False)
@@ -277,7 +277,7 @@ def test_a_drafted_eos_after_a_grammar_that_ended_by_itself_rolls_back(engine, t
     """llguidance keeps no rollback entry for an EOS consumed once its grammar has
     stopped by itself (a literal, after its last byte): rolling the drafts back by
     their count took a committed token with it, and the next commit was refused."""
-    from verispec.grammar import Constraint
+    from verispec.step.grammar import Constraint
 
     literal = Grammar("lark", 'start: "It is 18 C."')
     ids = tokenizer.encode("It is 18 C.", add_special_tokens=False)
@@ -305,7 +305,7 @@ def test_a_regex_digit_class_is_unicode_and_an_ascii_class_is_not(tokenizer):
     """The regex dialect is llguidance's (Rust `regex`): `\\d` takes every Unicode decimal
     digit, spelled by byte tokens, including U+16133 (Unicode 16); `[0-9]` takes ASCII only
     (docs/structured_outputs.md). The server's tests check with `[0-9]` for this reason."""
-    from verispec.grammar import Constraint, ll_tokenizer
+    from verispec.step.grammar import Constraint, ll_tokenizer
 
     ll = ll_tokenizer(tokenizer, VOCAB)
     for text, unicode_ok in (("51", True), ("8\u0663", True), ("8\U00016133", True),

@@ -1,7 +1,7 @@
 """Sampling under a grammar stays exact under speculation: the first two tokens'
 marginals follow the constrained target (the target's distribution masked by
 the grammar and renormalized), computed here by enumeration with llguidance's
-own masks from a fresh matcher per prefix, not with verispec.grammar.
+own masks from a fresh matcher per prefix, not with verispec.step.grammar.
 
 A tiny random model over a 300-token byte-level BPE vocabulary (tests/
 tokenizer_support.py), so a grammar leaves a handful of tokens at each step,
@@ -17,11 +17,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
-
 from conftest import tiny_target
+from scipy.stats import chisquare
 from test_head_equality import _first_two_counts
 from tokenizer_support import family_tokenizer
+
 from verispec import Engine, Grammar, SpecConfig
 
 FREE = Grammar("regex", r"(the|he|t|[0-9])[a-e0-9]{1,2}")
@@ -114,7 +114,7 @@ def test_distribution_check_catches_unmasked_draft_probs(engine, monkeypatch, fu
     """Control: a draft cut before its first forbidden token follows the drafted
     distribution masked and renormalized; handing the verifier the unmasked one
     breaks the output distribution, and the check above sees it."""
-    from verispec import engine as engine_module
+    from verispec.step import sequence as engine_module
 
     monkeypatch.setattr(engine_module, "masked_draft_probs", lambda probs, allowed: probs)
     prompt = _prompt(engine)

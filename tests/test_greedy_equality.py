@@ -8,15 +8,15 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import VOCAB, CharTokenizer, tiny_llama, tiny_target
 from gguf_support import Q, TinyShape, write_tiny_gguf
+
 from verispec import Engine, SamplingParams, SpecConfig, kernels
-from verispec.lossless import compare_greedy
 from verispec.models.hf import HFModel
 from verispec.models.llama import NativeLlama
 from verispec.models.native_gguf import native_from_gguf
 from verispec.models.static_llama import StaticLlama
+from verispec.step.lossless import compare_greedy
 
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], [42], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
 SPECS = {
@@ -353,8 +353,8 @@ def test_adaptive_ngram_keys_k_on_its_match_length(engine, target, monkeypatch):
     matched suffix length, checked here against the context) and keeps acceptance
     per value: output stays plain greedy's, every k = 0 step with a match still
     measures a free shadow guess, and no step drafts more than its k."""
-    from verispec.acceptance import Evidence
-    from verispec.policy import AdaptiveK
+    from verispec.policy.acceptance import Evidence
+    from verispec.policy.adaptive import AdaptiveK
     from verispec.proposers.ngram import MATCH_PRIOR, NgramIndex
 
     seen: list[tuple[Evidence, int]] = []

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
-
 from conftest import tiny_target
 from heads_support import random_head, trained
+from scipy.stats import chisquare
 from test_greedy_equality import PROMPTS, plain
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.lossless import compare_greedy
+from verispec.step.lossless import compare_greedy
 
 
 @pytest.fixture(scope="module", params=["hf", "native"])

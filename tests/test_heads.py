@@ -7,17 +7,17 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import tiny_target
 from heads_support import random_head, tiny_prompts, tiny_settings, trained
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.heads import bind, build_module, load_head, read_head
-from verispec.heads.eagle import HeadCache
 from verispec.proposers.base import DraftContext
 from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.heads import bind, build_module, load_head, read_head
+from verispec.proposers.heads.eagle import HeadCache
 from verispec.proposers.medusa import MedusaProposer
-from verispec.rejection import verify_typical
-from verispec.sampling import make_generator
+from verispec.step.rejection import verify_typical
+from verispec.step.sampling import make_generator
 from verispec.training import trainer as trainer_module
 from verispec.training.features import teacher_force
 from verispec.training.pipeline import run_pipeline
@@ -255,6 +255,7 @@ def test_held_out_evaluation_drafts_what_the_proposer_drafts(root, tiny, kind):
     a rejected one; test_eagle_drafting_agrees_with_the_training_forward covers
     the deeper rows), and its accepted length is the chain's leading match."""
     from test_greedy_equality import PROMPTS
+
     from verispec.proposers.medusa import MedusaProposer
     from verispec.training.evaluate import Answer, HeadDrafts, accepted_lengths
 
@@ -316,8 +317,8 @@ def test_lossy_typical_is_reported_and_validated(root, tiny):
 
 
 def test_cli_flags_reach_the_spec():
-    from verispec.cli import build_parser
-    from verispec.cli_args import spec_from
+    from verispec.cli.args import spec_from
+    from verispec.cli.main import build_parser
 
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--proposer", "eagle",
                                       "--head", "/some/dir", "--lossy-typical"])
@@ -332,8 +333,8 @@ def test_cli_flags_reach_the_spec():
 
 def test_shipped_heads_draft_losslessly_on_the_default_model(default_engine):
     """Out of the box: no --head, the shipped head for the default model."""
-    from verispec.heads.format import shipped_heads
-    from verispec.lossless import compare_greedy
+    from verispec.proposers.heads.format import shipped_heads
+    from verispec.step.lossless import compare_greedy
 
     if not shipped_heads():
         pytest.skip("no shipped heads")

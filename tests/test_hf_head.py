@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.lossless import compare_greedy
 from verispec.models import hf
 from verispec.models.hf import HFModel
+from verispec.step.lossless import compare_greedy
 
 PROMPT = [3, 17, 4, 9, 3, 17, 4, 9, 3, 17, 4, 22, 5]
 

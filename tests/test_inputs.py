@@ -2,12 +2,11 @@
 the engine usable; sampling is seeded."""
 from __future__ import annotations
 
-
 import pytest
-
 from conftest import CharTokenizer, tiny_llama, tiny_target
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.cli import main
+from verispec.cli.main import main
 
 
 @pytest.fixture(scope="module")

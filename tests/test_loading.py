@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from verispec import Engine
-from verispec.cli import main
+from verispec.cli.main import main
 from verispec.models import loading
 from verispec.models.hf import HFModel
 from verispec.models.llama import NativeLlama

@@ -4,20 +4,23 @@ its budget, and the proposer is lossless (greedy identical on chains and trees,
 both backends, the default model; sampled output the target's)."""
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from conftest import CharTokenizer, tiny_target
 from test_head_equality import _exact_marginals, _first_two_counts, _worst_pvalue
 from tree_support import tree_request
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.cli_args import spec_from
-from verispec.lossless import compare_greedy
-from verispec.proposers.base import DraftContext, VerifiedRows
-from verispec.proposers.lookahead import (JacobiWindow, LookaheadProposer, LookaheadSettings,
-                                          NgramPool)
+from verispec.cli.args import spec_from
 from verispec.spec_text import parse_spec, parse_token
+from verispec.proposers.base import DraftContext, VerifiedRows
+from verispec.proposers.lookahead import (
+    JacobiWindow,
+    LookaheadProposer,
+    LookaheadSettings,
+    NgramPool,
+)
+from verispec.step.lossless import compare_greedy
 
 PLAIN = SpecConfig("none", k=0)
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
@@ -150,7 +153,7 @@ def test_registration_settings_and_auto(tiny):
         SpecConfig("lookahead", lookahead_ngram=1)
     import argparse
 
-    from verispec.cli_args import add_spec_args
+    from verispec.cli.args import add_spec_args
     parser = argparse.ArgumentParser()
     add_spec_args(parser)
     args = parser.parse_args(["--proposer", "lookahead", "--lookahead-window", "2",
@@ -191,6 +194,7 @@ def test_concurrent_server_requests_batch_lookahead_trees(tiny):
     import threading
 
     from test_server import ChatCharTokenizer
+
     from verispec.serving.protocol import ServeDefaults
     from verispec.serving.scheduler import SchedulerConfig
     from verispec.serving.server import ServerConfig, ServerThread, create_app
@@ -233,6 +237,7 @@ def test_server_takes_lookahead_window_ngram_and_guesses(tiny, monkeypatch):
     import json
 
     from test_server import ChatCharTokenizer
+
     from verispec.serving.protocol import ServeDefaults
     from verispec.serving.scheduler import SchedulerConfig
     from verispec.serving.server import ServerConfig, ServerThread, create_app

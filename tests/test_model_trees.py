@@ -10,21 +10,22 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_target
 from heads_support import random_head
-from tree_support import Recorded, tree_request
 from test_greedy_equality import plain
 from test_head_equality import _exact_marginals, _sampled_counts, _worst_pvalue
-from verispec import Engine, SamplingParams, SpecConfig, rejection
-from verispec.request import run_alone
-from verispec.heads.eagle import HeadCache
-from verispec.lossless import compare_greedy
+from tree_support import Recorded, tree_request
+
+from verispec import Engine, SamplingParams, SpecConfig
 from verispec.proposers import ProposerSetup, build
 from verispec.proposers import eagle as eagle_module
 from verispec.proposers.base import DraftContext
+from verispec.proposers.heads.eagle import HeadCache
 from verispec.proposers.tree_drafting import DraftTree, TreeShape, grow
-from verispec.token_tree import ROOT, TokenTree
+from verispec.request import run_alone
+from verispec.step import rejection
+from verispec.step.lossless import compare_greedy
+from verispec.step.token_tree import ROOT, TokenTree
 
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], list(range(10, 40))]
 GREEDY = SamplingParams(max_new_tokens=24)
@@ -131,8 +132,8 @@ def test_stop_tokens_zero_probabilities_and_row_limits():
 
 
 def test_tree_settings_are_validated_and_reach_the_spec_from_the_cli():
-    from verispec.cli import build_parser
-    from verispec.cli_args import spec_from
+    from verispec.cli.args import spec_from
+    from verispec.cli.main import build_parser
 
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--proposer", "eagle",
                                       "--tree", "24", "--tree-shape", "topb", "--tree-branch", "2"])

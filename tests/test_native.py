@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from verispec.kv_cache import StaticKVCache
 from verispec.models.hf import HFModel
 from verispec.models.llama import NativeLlama
+from verispec.step.kv_cache import StaticKVCache
 
 TOL = 1e-4
 # 30 layers of fp32: verispec's attention kernel sums each row in another order than

@@ -7,16 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
-
 from conftest import tiny_target
+from scipy.stats import chisquare
 from test_head_equality import _exact_marginals, _first_two_counts, _worst_pvalue
+
 from verispec import Engine, SamplingParams
+from verispec.spec_text import parse_spec
 from verispec.proposers import ngram_sampled
 from verispec.proposers.base import Proposal
 from verispec.proposers.ngram import NgramIndex
 from verispec.proposers.ngram_sampled import frequency_chain
-from verispec.spec_text import parse_spec
 
 # After [1, 2] the context went on with 3 twice, 4 once and 5 once: drafts disagree.
 PROMPT = [1, 2, 3, 6, 1, 2, 4, 7, 1, 2, 3, 6, 1, 2, 5, 0, 1, 2]

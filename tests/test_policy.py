@@ -1,4 +1,4 @@
-"""Adaptive k (verispec.policy.AdaptiveK) on synthetic acceptances and step times,
+"""Adaptive k (verispec.policy.adaptive.AdaptiveK) on synthetic acceptances and step times,
 driven through its Plan / Outcome interface: no models."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from verispec import policy as policy_module
-from verispec.acceptance import Evidence
-from verispec.cadence import LookAgain
-from verispec.economics import (
+from verispec.policy import adaptive as policy_module
+from verispec.policy.acceptance import Evidence
+from verispec.policy.adaptive import PROBE_K, AdaptiveK
+from verispec.policy.economics import (
     CostModel,
     best_rate,
     expected_speedup,
@@ -20,8 +20,8 @@ from verispec.economics import (
     optimal_k,
     tokens_per_pass,
 )
-from verispec.plan import Outcome, Plan
-from verispec.policy import PROBE_K, AdaptiveK
+from verispec.policy.look_again import LookAgain
+from verispec.policy.plan import Outcome, Plan
 
 T1 = 0.02  # simulated seconds of one plain decode step
 MAX_K = 12
@@ -432,7 +432,7 @@ def test_evidence_prior_sets_the_first_choice_and_yields_to_outcomes():
 def test_depth_acceptance_equals_the_full_vector_update(seed):
     """The per-depth tallies, decaying only the depths ever counted, give exactly the
     alphas of decaying every depth's count vector each step."""
-    from verispec.acceptance import DepthAcceptance
+    from verispec.policy.acceptance import DepthAcceptance
 
     rng = np.random.default_rng(seed)
     depth, half_life, prior, strength, pool = 8, float(rng.uniform(2, 32)), 0.4, 2.0, 1.0
@@ -460,7 +460,7 @@ def test_depth_acceptance_equals_the_full_vector_update(seed):
 
 
 def test_look_again_backs_off_while_looks_find_nothing():
-    """The one cadence (verispec.cadence): a look every `interval` steps, the interval
+    """The one cadence (verispec.policy.look_again): a look every `interval` steps, the interval
     doubling to its limit while looks find nothing and back to its start when one finds
     something; a fixed interval never moves; 0 never looks."""
     probes = LookAgain(2, 8)

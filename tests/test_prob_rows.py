@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from verispec.config import SamplingParams
-from verispec.rejection import verify_sampling, verify_tree_sampling
-from verispec.sampling import ProbRows, logits_to_probs, make_generator
-from verispec.token_tree import TokenTree
+from verispec.step.rejection import verify_sampling, verify_tree_sampling
+from verispec.step.sampling import ProbRows, logits_to_probs, make_generator
+from verispec.step.token_tree import TokenTree
 
 VOCAB = 2000
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)

@@ -21,15 +21,15 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
-
 from test_processors import naive_processed
+
 from verispec import SamplingParams
-from verispec import engine as engine_module
-from verispec.processors import LogitProcessor, chain_ancestry
-from verispec.rejection import verify_tree_sampling
-from verispec.sampling import logits_to_probs, sample
-from verispec.token_tree import ROOT, TokenTree
-from verispec.tree import tree_ancestry, tree_feed
+from verispec.step import sequence as engine_module
+from verispec.step.processors import LogitProcessor, chain_ancestry
+from verispec.step.rejection import verify_tree_sampling
+from verispec.step.sampling import logits_to_probs, sample
+from verispec.step.token_tree import ROOT, TokenTree
+from verispec.step.tree import tree_ancestry, tree_feed
 
 V, LENGTH, EOS = 4, 2, 0
 PROMPT = [1, 2]

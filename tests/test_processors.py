@@ -1,4 +1,4 @@
-"""Logit processors under speculation (verispec.processors): greedy output with
+"""Logit processors under speculation (verispec.step.processors): greedy output with
 each processor is token-identical to plain decoding with it, on every proposer,
 chain and tree, native and hf; plain decoding with it equals a naive reference
 that recomputes every prefix; min_tokens holds EOS off inside accepted blocks."""
@@ -9,10 +9,10 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import CharTokenizer, tiny_target
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.processors import LogitProcessor, chain_ancestry
+from verispec.step.processors import LogitProcessor, chain_ancestry
 
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], [7, 7, 7, 7, 8, 7, 7, 7]]
 N = 24

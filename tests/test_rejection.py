@@ -8,8 +8,8 @@ import torch
 from scipy.stats import chisquare
 
 from verispec.config import SamplingParams
-from verispec.rejection import verify_greedy, verify_sampling
-from verispec.sampling import greedy_tokens, logits_to_probs, make_generator
+from verispec.step.rejection import verify_greedy, verify_sampling
+from verispec.step.sampling import greedy_tokens, logits_to_probs, make_generator
 
 V = 8
 

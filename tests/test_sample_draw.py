@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from verispec.sampling import make_generator, sample
+from verispec.step.sampling import make_generator, sample
 
 
 def test_draws_follow_each_row_and_skip_zero_mass():

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec import sampling
 from verispec.config import SamplingParams
-from verispec.sampling import logits_to_probs, top_p_keep
+from verispec.step import sampling
+from verispec.step.sampling import logits_to_probs, top_p_keep
 
 VOCAB = 49152  # the default model's vocabulary
 

@@ -9,14 +9,20 @@ import time
 
 import pytest
 import torch
-
 from conftest import VOCAB, CharTokenizer, tiny_engine
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.economics import CostModel
+from verispec.policy.economics import CostModel
 from verispec.proposers.base import DraftContext
 from verispec.serving.cost import Candidate, StepCost, allocate, calibrate
-from verispec.serving.scheduler import (Failure, Progress, QueueFull, Scheduler, SchedulerConfig,
-                                        Ticket)
+from verispec.serving.scheduler import (
+    Failure,
+    Progress,
+    QueueFull,
+    Scheduler,
+    SchedulerConfig,
+    Ticket,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3, 4], [7, 8, 9, 7, 8, 9, 7], [5], [3, 3, 3, 2, 2, 2, 1, 1],
            list(range(10, 40)), [4, 4, 4, 4, 4, 4]]
@@ -69,6 +75,7 @@ def tiny_quant_i8(tmp_path_factory):
     """A tiny Q4_0 GGUF (Q8_0 embedding) on the kernels' integer path, whose rows
     must stay independent of their batch as the bf16 path's do."""
     from gguf_support import Q, TinyShape, write_tiny_gguf
+
     from verispec import kernels
     from verispec.models.native_gguf import native_from_gguf
 
@@ -311,9 +318,9 @@ def test_fused_backends_are_detected(engine, tiny_native):
 
 
 def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypatch):
-    from verispec.acceptance import Tally
-    from verispec.plan import Outcome, Plan
-    from verispec.policy import AdaptiveK, FixedK
+    from verispec.policy.acceptance import Tally
+    from verispec.policy.adaptive import AdaptiveK, FixedK
+    from verispec.policy.plan import Outcome, Plan
 
     seeds = []
     original = AdaptiveK.seed
@@ -383,7 +390,7 @@ def test_scheduled_adaptive_ngram_prices_k_by_its_evidence(engine):
     acceptance of its current evidence (matched suffix length), and the step's
     outcome is counted under that evidence: the recorded keys are the context's
     longest match at each step, and the keyed estimates learn."""
-    from verispec.acceptance import Evidence
+    from verispec.policy.acceptance import Evidence
     from verispec.proposers.ngram import NgramIndex
 
     # No guard: a step it holds decodes plainly without consulting the request.

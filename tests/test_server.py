@@ -11,8 +11,8 @@ import time
 
 import openai
 import pytest
-
 from conftest import CharTokenizer, tiny_engine, tiny_target
+
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.serving.protocol import ServeDefaults, encode_chat, fallback_chat_text
 from verispec.serving.scheduler import SchedulerConfig
@@ -400,7 +400,7 @@ def test_default_model_served(default_engine):
 
 
 def test_load_driver_and_serving_bench(server, tmp_path):
-    from verispec.cli import main
+    from verispec.cli.main import main
     from verispec.serving.load import LoadConfig, run_load
 
     report = run_load(LoadConfig(server.url, concurrency=2, duration=0.5, max_tokens=8))

@@ -7,17 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from verispec.cli import build_parser, main
-from verispec.cli_args import spec_from
-from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig
-from verispec.bench.runner import proposer_spec
-from verispec.serving.protocol import serve_defaults
-from verispec.serving.protocol import APIError, ServeDefaults, parse_request
-from verispec.serving.protocol import parse_spec as request_spec
-from verispec.spec_text import DRAFT_SOURCES, SpecError, parse_spec, parse_token
-
 from conftest import tiny_engine
+
+from verispec.bench.runner import proposer_spec
+from verispec.cli.args import spec_from
+from verispec.cli.main import build_parser, main
+from verispec.spec_text import DRAFT_SOURCES, SpecError, parse_spec, parse_token
+from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig
+from verispec.serving.protocol import APIError, ServeDefaults, parse_request, serve_defaults
+from verispec.serving.protocol import parse_spec as request_spec
 
 
 def generate_args(*flags):

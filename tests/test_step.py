@@ -1,21 +1,21 @@
-"""The step's parts apart: the mechanism (verispec.engine) verifies what the
-drafting side hands it, the policy (verispec.plan) only says how much, and a
+"""The step's parts apart: the mechanism (verispec.step.sequence) verifies what the
+drafting side hands it, the policy (verispec.policy.plan) only says how much, and a
 proposer that reads rows hears the target at every fed row after every verify."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_target
+
 from verispec.config import SamplingParams, SpecConfig
 from verispec.metrics import Stats
-from verispec.plan import Plan
-from verispec.policy import AdaptiveK, FixedK, policy_for
+from verispec.policy.adaptive import AdaptiveK, FixedK, policy_for
+from verispec.policy.plan import Plan
 from verispec.proposers.base import DraftContext, Proposal, Proposer, VerifiedRows
 from verispec.proposers.ngram import NgramProposer
 from verispec.request import SpecRequest, run_alone
-from verispec.stopping import Stopper
+from verispec.step.stopping import Stopper
 
 PROMPT = [3, 17, 4, 9, 3, 17, 4, 9, 3, 17, 4, 22, 5, 3, 17, 4, 9]
 

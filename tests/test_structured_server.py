@@ -12,10 +12,10 @@ import jsonschema
 import openai
 import pytest
 import torch
-from pydantic import BaseModel, Field
-
 from conftest import tiny_llama
+from pydantic import BaseModel, Field
 from test_server import raw
+
 from verispec import Engine
 from verispec.models.llama import NativeLlama
 from verispec.models.loading import default_gguf_path, gguf_tokenizer
@@ -121,7 +121,7 @@ def test_named_and_required_tool_calls(client):
 def test_forced_drafts_switch_over_http(client, monkeypatch):
     """speculation.grammar_forced reaches the request's grammar (SpecConfig.grammar_forced),
     and the output is the same either way: forced tokens are ordinary drafts."""
-    from verispec.grammar import Constraint
+    from verispec.step.grammar import Constraint
 
     seen = []
     forced = Constraint.forced
@@ -179,7 +179,7 @@ def test_a_grammar_past_the_engines_limits_is_a_400_naming_them(client, monkeypa
     """A grammar that outgrows llguidance's limits mid-output ends the request with
     OpenAI's error JSON, not a 500: a 400 naming the field and the limit, before
     any text (non-streamed) or as the stream's error event after the text so far."""
-    from verispec import grammar
+    from verispec.step import grammar
 
     monkeypatch.setitem(grammar.LIMITS, "step_max_items", 25)
     loose = {"type": "json_schema", "json_schema": {"name": "loose", "schema": LOOSE}}

@@ -12,16 +12,16 @@ import jsonschema
 import llguidance
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench.report import structured
 from verispec.bench.runner import BenchConfig, Runner, check_equality, encode_prompts, run_bench
 from verispec.bench.workloads import load_workload, validate_output
-from verispec.grammar import ll_tokenizer
+from verispec.spec_text import parse_token
 from verispec.models.llama import NativeLlama
 from verispec.models.loading import default_gguf_path, gguf_tokenizer
-from verispec.spec_text import parse_token
+from verispec.step.grammar import ll_tokenizer
 
 VOCAB = 49152
 PROMPTS = load_workload("structured")

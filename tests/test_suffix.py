@@ -9,13 +9,13 @@ import random
 import threading
 
 import pytest
-
 from conftest import CharTokenizer, tiny_target
 from test_head_equality import _exact_marginals, _first_two_counts, _worst_pvalue
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.cli import main
-from verispec.lossless import compare_greedy
+from verispec.cli.main import main
 from verispec.proposers.suffix_store import SuffixStore
+from verispec.step.lossless import compare_greedy
 
 PLAIN = SpecConfig("none", k=0)
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
@@ -103,6 +103,7 @@ def test_cli_corrupt_suffix_cache_warns_once_and_starts_fresh(capsys, tmp_path):
     import shutil
 
     from conftest import tiny_llama
+
     from verispec.models import loading
 
     folder = tmp_path / "small"  # a random model with the default model's tokenizer
@@ -139,6 +140,7 @@ def test_concurrent_server_requests_share_one_consistent_store(tiny):
     import http.client
 
     from test_server import ChatCharTokenizer
+
     from verispec.serving.protocol import ServeDefaults
     from verispec.serving.scheduler import SchedulerConfig
     from verispec.serving.server import ServerConfig, ServerThread, create_app
@@ -185,6 +187,7 @@ def test_bench_repeats_never_draft_from_their_own_earlier_run():
     the second repeat of a suffix (or auto) run drafted the first repeat's output and
     its replay was timed as speculation."""
     from conftest import tiny_engine
+
     from verispec.bench.runner import BenchPrompt, Runner, run_bench, verispec_configs
 
     engine = tiny_engine()

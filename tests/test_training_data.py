@@ -6,9 +6,9 @@ import dataclasses
 import json
 
 import pytest
-
 from conftest import tiny_target
 from heads_support import tiny_prompts, tiny_settings
+
 from verispec.bench.workloads import WORKLOADS, load_workload
 from verispec.training import self_prompts as sp
 from verispec.training.pipeline import run_pipeline
@@ -130,7 +130,7 @@ def test_self_written_and_built_prompts_interleave_in_proportion():
 def test_train_head_refuses_a_foreign_data_dir_before_writing_prompts(default_model, tmp_path):
     """The data dir is claimed before the target writes any request: minutes of
     self-prompting must not precede a settings mismatch."""
-    from verispec.cli import build_parser
+    from verispec.cli.main import build_parser
 
     data = tmp_path / "data"
     data.mkdir()

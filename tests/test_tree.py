@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chisquare
-
 from conftest import tiny_llama, tiny_target
+from scipy.stats import chisquare
 from tree_support import ScriptedTrees, tree_request
-from verispec import rejection
+
 from verispec.config import SamplingParams
 from verispec.request import run_alone
-from verispec.rejection import verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling
-from verispec.token_tree import ROOT, TokenTree
-from verispec.tree import tree_attention, tree_feed, tree_finish
+from verispec.step import rejection
+from verispec.step.rejection import (
+    verify_greedy,
+    verify_sampling,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
+from verispec.step.token_tree import ROOT, TokenTree
+from verispec.step.tree import tree_attention, tree_feed, tree_finish
 
 PATHS = [[5, 6, 7], [5, 6, 8, 9], [5, 10], [11], [12, 13]]
 

@@ -8,10 +8,10 @@ import json
 from collections import Counter
 
 import pytest
-
 from ray_support import small_model_dir
+
 from verispec import Engine, SamplingParams, SpecConfig
-from verispec.cli import main
+from verispec.cli.main import main
 from verispec.proposers.suffix_store import SuffixStore
 
 REQUESTS = ["Tell me about rivers.", "Write a haiku about snow.", "How do magnets work?"]

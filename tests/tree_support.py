@@ -8,11 +8,11 @@ from typing import Callable, Sequence
 import torch
 
 from verispec.config import SamplingParams, SpecConfig
-from verispec.request import SpecRequest
 from verispec.metrics import Stats
 from verispec.proposers.base import DraftContext, Proposal, Proposer
-from verispec.stopping import Stopper
-from verispec.token_tree import TokenTree
+from verispec.request import SpecRequest
+from verispec.step.stopping import Stopper
+from verispec.step.token_tree import TokenTree
 
 
 class ScriptedTrees(Proposer):

@@ -7,23 +7,23 @@ from typing import Iterator
 
 import torch
 
-from . import proposers
-from .config import DEFAULT_SPEC, SamplingParams, SpecConfig
-from .engine import validate_prompt
-from .grammar import Constraint, ll_tokenizer
-from .metrics import Stats
-from .models.base import TargetModel
-from .models.llama import NativeLlama
-from .models.loading import DEFAULT_MODEL, load_target
-from .models.quant_draft import quantized_draft
-from .processors import TokenLogprob, logprob_rows
-from .prompt_ids import chat_ids, text_ids
-from .proposers.base import ProposerSetup
-from .proposers.suffix_store import SuffixStore
-from .request import SpecRequest, Step, run_alone
-from .sampling import make_generator
-from .spec_text import parse_quant_source
-from .stopping import Stopper, held_back, trim_at_stop
+from verispec import proposers
+from verispec.spec_text import parse_quant_source
+from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig
+from verispec.metrics import Stats
+from verispec.models.base import TargetModel
+from verispec.models.llama import NativeLlama
+from verispec.models.loading import DEFAULT_MODEL, load_target
+from verispec.models.quant_draft import quantized_draft
+from verispec.prompt_ids import chat_ids, text_ids
+from verispec.proposers.base import ProposerSetup
+from verispec.proposers.suffix_store import SuffixStore
+from verispec.request import SpecRequest, Step, run_alone
+from verispec.step.grammar import Constraint, ll_tokenizer
+from verispec.step.processors import TokenLogprob, logprob_rows
+from verispec.step.sampling import make_generator
+from verispec.step.sequence import validate_prompt
+from verispec.step.stopping import Stopper, held_back, trim_at_stop
 
 
 @dataclass
@@ -229,7 +229,7 @@ class Engine:
 
     def constraint(self, sampling: SamplingParams,
                    draft_forced: bool = True) -> Constraint | None:
-        """The request's grammar state (verispec.grammar), compiled for this tokenizer."""
+        """The request's grammar state (verispec.step.grammar), compiled for this tokenizer."""
         if sampling.grammar is None:
             return None
         if self.tokenizer is None:

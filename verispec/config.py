@@ -28,7 +28,7 @@ class Grammar:
 
     def llguidance(self) -> str:
         """The grammar in llguidance's own format."""
-        import llguidance  # the grammar engine (verispec.grammar says why)
+        import llguidance  # the grammar engine (verispec.step.grammar says why)
 
         # JSON whitespace is bounded: a weak model can otherwise loop on blank space
         # for ever inside a flexible-whitespace grammar and never close the object.
@@ -53,7 +53,7 @@ class SamplingParams:
     max_new_tokens: int = 128  # hard cap on generated tokens, enforced inside an accepted block
     stop: tuple[str, ...] = ()  # stop strings; output ends at the token that completes one
     ignore_eos: bool = False  # keep generating past EOS (benchmarks of fixed length)
-    # Logit processing (verispec.processors), applied to the target at every verified
+    # Logit processing (verispec.step.processors), applied to the target at every verified
     # row with that row's own prefix, so it holds under speculation exactly as in plain decoding.
     presence_penalty: float = 0.0  # OpenAI: minus this from a token already in the output
     frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
@@ -63,7 +63,7 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens with probability under min_p times the top one's; 0 disables
     min_tokens: int = 0  # EOS is impossible before this many tokens are generated
     logprobs: int | None = None  # None: none; N: the emitted token's logprob and the N best
-    grammar: Grammar | None = None  # the output must match it (verispec.grammar)
+    grammar: Grammar | None = None  # the output must match it (verispec.step.grammar)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -105,7 +105,7 @@ class SamplingParams:
 class SpecConfig:
     proposer: str = "ngram"  # registry name: ngram, draft, eagle, medusa, none (verispec.proposers)
     k: int = 4  # draft tokens per step; 0 means plain decoding; with adaptive, the cap
-    adaptive: bool = False  # choose k per step to maximize expected tokens/s (verispec.policy)
+    adaptive: bool = False  # choose k per step to maximize expected tokens/s (verispec.policy.adaptive)
     profile: str | None = None  # cost profile JSON from `verispec profile`, a prior for adaptive
     draft: str | None = None  # for proposer=draft: a model path, or "self:L" for a layer-skip draft
     tree: int = 0  # node budget for tree drafts (verified in one pass); 0 drafts a chain

@@ -2,7 +2,7 @@
 shadow guesses and held rows that go with it, and the proposer's hooks after
 the step (`Proposer.verified`, `Proposer.finished`).
 
-Shadow guesses (see verispec.policy): a free, stateless proposer asked at k = 0
+Shadow guesses (see verispec.policy.adaptive): a free, stateless proposer asked at k = 0
 for one token costs no verify; whether the target then committed it is an
 unbiased acceptance sample. Held rows (proposers.base.HeldRows): a step that
 drafts nothing keeps the target's hidden rows for the next step that does, so a
@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .engine import Committed, Draft, Sequence, shape_draft
-from .grammar import constrained_proposal
-from .plan import Plan
-from .proposers.base import DraftContext, HeldRows, Proposal, Proposer
+from verispec.policy.plan import Plan
+from verispec.proposers.base import DraftContext, HeldRows, Proposal, Proposer
+from verispec.step.grammar import constrained_proposal
+from verispec.step.sequence import Committed, Draft, Sequence, shape_draft
 
 
 @dataclass

@@ -35,7 +35,7 @@ class Stats:
     time_verify: float = 0.0  # the target forward plus the rejection sampler
     time_total: float = 0.0
     # Under a grammar: time inside the grammar engine (part of draft and verify time)
-    # and the grammar-forced tokens drafted (verispec.grammar.Constraint).
+    # and the grammar-forced tokens drafted (verispec.step.grammar.Constraint).
     time_grammar: float = 0.0
     grammar_forced: int = 0
     finish_reason: str = ""

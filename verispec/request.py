@@ -1,5 +1,5 @@
 """One request's speculation, one target forward at a time: where the mechanism
-(verispec.engine), the drafting (verispec.drafting) and the policy (verispec.plan)
+(verispec.step.sequence), the drafting (verispec.drafting) and the policy (verispec.policy.plan)
 meet. The step, in order:
 
     prepare(plan):                             # before the forward
@@ -25,17 +25,17 @@ from typing import Iterator
 
 import torch
 
-from .config import SamplingParams, SpecConfig
-from .drafting import Drafted, Drafter
-from .engine import Committed, commit, feed, new_sequence, prefill_item, prefilled
-from .grammar import Constraint
-from .metrics import Stats, StepRecord
-from .models.base import BatchItem, ForwardOutput, TargetModel
-from .plan import Outcome, Plan, PlanContext, Policy, Quote
-from .policy import policy_for
-from .processors import TokenLogprob
-from .proposers.base import Proposer
-from .stopping import Stopper
+from verispec.config import SamplingParams, SpecConfig
+from verispec.drafting import Drafted, Drafter
+from verispec.metrics import Stats, StepRecord
+from verispec.models.base import BatchItem, ForwardOutput, TargetModel
+from verispec.policy.adaptive import policy_for
+from verispec.policy.plan import Outcome, Plan, PlanContext, Policy, Quote
+from verispec.proposers.base import Proposer
+from verispec.step.grammar import Constraint
+from verispec.step.processors import TokenLogprob
+from verispec.step.sequence import Committed, commit, feed, new_sequence, prefill_item, prefilled
+from verispec.step.stopping import Stopper
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Step:
 
 
 class SpecRequest:
-    """A sequence (verispec.engine), its drafter and its policy, and its statistics.
+    """A sequence (verispec.step.sequence), its drafter and its policy, and its statistics.
 
     Step-wise use: `while not r.finished: item = r.prepare(plan); out = <forward
     item>; step = r.complete(out, seconds)`. `plan` None lets the request's own

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from .config import SpecConfig
+from verispec.config import SpecConfig
 
 
 class SpecError(ValueError):
@@ -127,7 +127,7 @@ def _flag(value: Any, name: str) -> bool:
 
 
 def proposer_names() -> list[str]:
-    from . import proposers
+    from verispec import proposers
 
     return proposers.available()
 

@@ -1,4 +1,4 @@
-"""`verispec bench` and `verispec profile`. `verispec/cli.py` mounts them via
+"""`verispec bench` and `verispec profile`. `verispec/cli/main.py` mounts them via
 `add_subcommands`; every flag is validated before the model loads, so a typo
 costs a second, not a model load. User errors raise ValueError (exit 2)."""
 from __future__ import annotations
@@ -10,14 +10,30 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli_args import (add_model_args, add_suffix_cache_arg, engine_from, load_suffix_cache,
-                        save_suffix_cache)
-from ..config import SamplingParams
-from . import plots, report
-from .peers import needs_hf, parse_peers
-from .runner import (PEER, BenchConfig, BenchPrompt, RunRecord, Runner, check_equality,
-                     encode_prompts, environment, parse_k_list, run_bench, verispec_configs)
-from .workloads import WORKLOADS, load_workload, parse_workloads
+from verispec.bench import plots, report
+from verispec.bench.peers import needs_hf, parse_peers
+from verispec.bench.runner import (
+    PEER,
+    BenchConfig,
+    BenchPrompt,
+    Runner,
+    RunRecord,
+    check_equality,
+    encode_prompts,
+    environment,
+    parse_k_list,
+    run_bench,
+    verispec_configs,
+)
+from verispec.bench.workloads import WORKLOADS, load_workload, parse_workloads
+from verispec.cli.args import (
+    add_model_args,
+    add_suffix_cache_arg,
+    engine_from,
+    load_suffix_cache,
+    save_suffix_cache,
+)
+from verispec.config import SamplingParams
 
 _BENCH_EPILOG = """\
 examples:
@@ -96,7 +112,7 @@ def _peer_runner(engine, plan: BenchPlan, notes: list[str]):
     peers = [c for c in plan.configs if c.kind == PEER]
     if not peers:
         return None
-    from .peers import PeerRunner
+    from verispec.bench.peers import PeerRunner
 
     runner = PeerRunner(engine, plan.draft, peers, plan.model)
     notes.extend(runner.notes)
@@ -176,7 +192,7 @@ def _make_dir(path: str | Path, flag: str) -> Path:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.concurrency or args.server:
-        from ..serving.bench_serving import cmd_bench_serving
+        from verispec.serving.bench_serving import cmd_bench_serving
 
         return cmd_bench_serving(args)
     plan = plan_from_args(args)
@@ -199,7 +215,7 @@ def run_profile(engine, context: int = 512, max_n: int = 32, repeats: int = 5,
                 draft: str | None = None, out: str | Path = "profile.json",
                 plot_path: str | Path | None = None, bandwidth_mb: int | None = None):
     """Measure, write the JSON (the `economics.load_profile` format) and the plot."""
-    from . import profile as prof
+    from verispec.bench import profile as prof
 
     target = engine.target
     ids = prof.text_ids(engine.tokenizer, context + max_n, target.vocab_size)
@@ -225,7 +241,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for path, flag in ((args.out, "--out"), (args.plot, "--plot")):
         if path is not None:
             _make_dir(Path(path).parent, flag)
-    from .profile import format_profile
+    from verispec.bench.profile import format_profile
 
     engine = engine_from(args)
     result, out, figure = run_profile(engine, args.context, args.max_n, args.repeats,

@@ -1,5 +1,5 @@
 """`verispec calc` and `verispec simulate`: the economics of speculative decoding
-from the command line. `verispec/cli.py` mounts these through `add_subcommands`;
+from the command line. `verispec/cli/main.py` mounts these through `add_subcommands`;
 `python -m verispec.bench.econ_cli` runs them standalone."""
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ import json
 import math
 import sys
 
-from verispec.economics import CostModel, ceiling, expected_speedup, expected_tokens, load_profile, optimal_k
-from verispec.bench.simulate import spread_by_rounds, simulate
+from verispec.bench.simulate import simulate, spread_by_rounds
+from verispec.policy.economics import (
+    CostModel,
+    ceiling,
+    expected_speedup,
+    expected_tokens,
+    load_profile,
+    optimal_k,
+)
 
 _DEFAULT_OVERHEAD = 0.1
 _CEILING_NOTE = {False: "max(1, 1 / (draft cost + overhead))",

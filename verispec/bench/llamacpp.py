@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import SamplingParams
-from ..lossless import Comparison, first_divergence
-from .runner import PeerOutput
+from verispec.bench.runner import PeerOutput
+from verispec.config import SamplingParams
+from verispec.step.lossless import Comparison, first_divergence
 
 LLAMACPP_PEERS = ("llamacpp-plain", "llamacpp-pld")
 PLAIN = "llamacpp-plain"
 INSTALL_HINT = "pip install 'verispec[llamacpp]' (compiles llama.cpp; see docs/benchmarks.md)"
-# The bf16 margin of verispec.lossless, so that "tie" means the same in every
+# The bf16 margin of verispec.step.lossless, so that "tie" means the same in every
 # row of the table. llama.cpp's batched path (prefill, verification) and its
 # one-token path differ by more than this: up to 0.4 on the chosen token's logit
 # on the default model, so some divergences it calls "diff" are numerics.
@@ -47,7 +47,7 @@ def missing_reason() -> str | None:
 
 def gguf_path(model: str | None) -> Path:
     """The GGUF file llama.cpp reads for the model verispec was asked to load."""
-    from ..models.loading import DEFAULT_MODEL, default_gguf_path
+    from verispec.models.loading import DEFAULT_MODEL, default_gguf_path
 
     if model in (None, DEFAULT_MODEL):
         return default_gguf_path()
@@ -154,7 +154,7 @@ class LlamaCppPeers:
         return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).copy()
 
     def compare(self, prompt: list[int], plain: list[int], other: list[int]) -> Comparison:
-        """`verispec.lossless.compare_greedy` in llama.cpp's own numerics."""
+        """`verispec.step.lossless.compare_greedy` in llama.cpp's own numerics."""
         n = min(len(plain), len(other))
         i = first_divergence(plain[:n], other[:n])
         if i is None:

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams
-from ..lossless import Comparison
-from ..models.loading import DEFAULT_MODEL
-from . import llamacpp
-from .runner import PEER, BenchConfig, PeerOutput
+from verispec.bench import llamacpp
+from verispec.bench.runner import PEER, BenchConfig, PeerOutput
+from verispec.config import SamplingParams
+from verispec.models.loading import DEFAULT_MODEL
+from verispec.step.lossless import Comparison
 
 PEERS: dict[str, str] = {
     "hf-plain": "transformers generate, greedy",

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
-from .report import Row, SweepRow  # noqa: E402
+from verispec.bench.report import Row, SweepRow  # noqa: E402
 
 _PARTS = ("prefill", "draft", "verify", "other")
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .workloads import load_workload
+from verispec.bench.workloads import load_workload
 
 _FIT_N = 8  # the overhead slope is fitted over n = 1..8, the k+1 range that matters
 
@@ -207,7 +207,7 @@ def measure(target, ids: list[int], context: int, max_n: int, repeats: int,
 
 
 def plot(path: str | Path, profile: Profile, title: str = "") -> Path:
-    from .plots import plt, save_figure
+    from verispec.bench.plots import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     ax.plot(profile.n, profile.relative, marker="o", ms=3, label="measured T(n)/T(1)")

@@ -26,11 +26,11 @@ import argparse
 import statistics
 from dataclasses import dataclass
 
-from ..economics import CostModel
-from ..plan import Outcome, PlanContext
-from ..policy import AdaptiveK, FixedK
-from ..proposers.base import DraftContext
-from ..proposers.ngram import NgramProposer
+from verispec.policy.adaptive import AdaptiveK, FixedK
+from verispec.policy.economics import CostModel
+from verispec.policy.plan import Outcome, PlanContext
+from verispec.proposers.base import DraftContext
+from verispec.proposers.ngram import NgramProposer
 
 STATIC_KS = (1, 2, 4, 6, 8, 10)
 
@@ -54,7 +54,7 @@ def replay(prompt: list[int], output: list[int], slope: float, k: int | None,
     adaptive, capped at k_cap); a draft keeps its prefix that matches `output`.
     `keyed` False hides the evidence from the policy (one pooled estimate).
 
-    The policy is the engine's own (verispec.policy: `FixedK` or `AdaptiveK`), planned
+    The policy is the engine's own (verispec.policy.adaptive: `FixedK` or `AdaptiveK`), planned
     and taught through its interface as a request is; only the target is replaced, by
     `output`, and the clock, by the modelled T(n)."""
     proposer = NgramProposer(*ngram, frozenset()) if keyed else _Unkeyed(*ngram, frozenset())
@@ -92,8 +92,8 @@ class _Unkeyed(NgramProposer):
 def _outputs(args) -> dict[str, list[tuple[list[int], list[int]]]]:
     from tqdm import tqdm
 
-    from .. import Engine, SamplingParams, SpecConfig
-    from .workloads import load_workload, parse_workloads
+    from verispec import Engine, SamplingParams, SpecConfig
+    from verispec.bench.workloads import load_workload, parse_workloads
 
     engine = Engine(args.model, dtype=args.dtype, backend=args.backend)
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens)

@@ -18,12 +18,12 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from ..config import Grammar, SamplingParams, SpecConfig
-from ..engine import validate_prompt
-from ..lossless import compare_greedy
-from ..proposers.suffix_store import SuffixStore
-from ..spec_text import parse_token
-from .workloads import Prompt, validate_output
+from verispec.bench.workloads import Prompt, validate_output
+from verispec.spec_text import parse_token
+from verispec.config import Grammar, SamplingParams, SpecConfig
+from verispec.proposers.suffix_store import SuffixStore
+from verispec.step.lossless import compare_greedy
+from verispec.step.sequence import validate_prompt
 
 VERISPEC = "verispec"
 PEER = "peer"
@@ -421,7 +421,7 @@ def environment(engine) -> dict:
 
     import transformers
 
-    from .. import __version__
+    from verispec import __version__
 
     cpu = platform.processor() or "unknown"
     try:

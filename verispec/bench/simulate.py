@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verispec.economics import (
+from verispec.policy.economics import (
     CostModel,
     _check_alpha,
     _check_k,

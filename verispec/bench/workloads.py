@@ -48,8 +48,8 @@ def response_grammar(fmt: dict | None):
         return None
     from pydantic import TypeAdapter
 
-    from ..serving import options
-    from ..serving.requests import ResponseFormat
+    from verispec.serving import options
+    from verispec.serving.requests import ResponseFormat
 
     return options.response_grammar(TypeAdapter(ResponseFormat).validate_python(fmt))
 

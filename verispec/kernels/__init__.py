@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-from .build import cpu_flags
+from verispec.kernels.build import cpu_flags
 
 _lock = threading.Lock()
 _module = None
@@ -36,7 +36,7 @@ def _get():
     if not _tried:
         with _lock:
             if not _tried:
-                from .build import build
+                from verispec.kernels.build import build
 
                 _module = build()
                 _tried = True
@@ -59,7 +59,7 @@ def isa() -> str | None:
     module = _get()
     if module is None:
         return None
-    from .build import ISA_NAMES
+    from verispec.kernels.build import ISA_NAMES
 
     return ISA_NAMES[module.init()]
 

@@ -48,7 +48,7 @@ def build_dir(sources: Path = _HERE) -> Path:
     torch keys a build on its sources' paths, so two checkouts (a clone beside an
     editable install) sharing a folder rebuilt it in turn, and a process killed mid-build
     left torch's lock behind for the other to wait on."""
-    from ..paths import cache_root
+    from verispec.paths import cache_root
 
     tree = hashlib.sha256(str(sources.resolve()).encode()).hexdigest()[:12]
     path = cache_root() / "kernels" / tree

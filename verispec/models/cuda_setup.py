@@ -49,7 +49,7 @@ def batch_invariant_blas() -> dict[str, str]:
 def static_unsupported(native_class) -> str:
     """Why a native model class cannot take the static CUDA path, or "" if it can:
     the path is the Llama family's decoder (Llama, Mistral, Qwen2/3, Phi-3)."""
-    from .llama import NativeLlama
+    from verispec.models.llama import NativeLlama
 
     if native_class is not NativeLlama:
         return (f"the CUDA path runs the Llama family; {native_class.__name__} has its own "
@@ -60,9 +60,9 @@ def static_unsupported(native_class) -> str:
 def on_cuda(target, width: int | None = None):
     """A NativeLlama loaded on CUDA as the static path, with its start-up self-check
     run (static_llama, row_check). Anything else is returned as it is."""
-    from .llama import NativeLlama
-    from .row_check import check_rows
-    from .static_llama import DEFAULT_WIDTH, StaticLlama
+    from verispec.models.llama import NativeLlama
+    from verispec.models.row_check import check_rows
+    from verispec.models.static_llama import DEFAULT_WIDTH, StaticLlama
 
     if target.device.type != "cuda" or type(target) is not NativeLlama:
         return target

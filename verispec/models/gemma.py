@@ -26,13 +26,21 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from .llama import DEFAULT_CACHE_LIMIT, NativeLlama
-from .llama_config import rotate
-from .llama_attention import AttentionMask
-from .llama_config import LlamaSpec, _rope_spec, rope_tables
-from .llama_weights import (Embedding, LayerWeights, Linear, ModelWeights, _digest_part,
-                            _layer_index, _read_tensors, read_config, read_eos_ids)
+from verispec import kernels
+from verispec.models.llama import DEFAULT_CACHE_LIMIT, NativeLlama
+from verispec.models.llama_attention import AttentionMask
+from verispec.models.llama_config import LlamaSpec, _rope_spec, rope_tables, rotate
+from verispec.models.llama_weights import (
+    Embedding,
+    LayerWeights,
+    Linear,
+    ModelWeights,
+    _digest_part,
+    _layer_index,
+    _read_tensors,
+    read_config,
+    read_eos_ids,
+)
 
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 
@@ -301,7 +309,7 @@ def _fused_gemma(w: LayerWeights, norms: GemmaNorms) -> list[torch.Tensor]:
 
 def native_class(config: dict):
     """The native model class for a config.json, or ValueError with the reason it has none."""
-    from .llama_config import parse_config
+    from verispec.models.llama_config import parse_config
 
     if config.get("model_type") in GEMMA_TYPES:
         parse_gemma(config)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .gemma import GemmaNorms, ScaledEmbedding, parse_gemma
-from .llama_weights import LayerWeights, ModelWeights
+from verispec.models.gemma import GemmaNorms, ScaledEmbedding, parse_gemma
+from verispec.models.llama_weights import LayerWeights, ModelWeights
 
 # GGUF general.architecture -> transformers model_type
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
@@ -75,7 +75,7 @@ def arch_config(gf, arch: str, get, config: dict) -> dict:
 
 def parse_arch(config: dict):
     """(LlamaSpec, GemmaSpec or None) of a config hf_config wrote."""
-    from .llama_config import parse_config
+    from verispec.models.llama_config import parse_config
 
     if config["model_type"] in ("gemma2", "gemma3_text"):
         return parse_gemma(config)

@@ -23,12 +23,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import kernels
-from .gguf_arch import ARCHITECTURES, arch_config, layer_names, load_gemma_gguf, parse_arch
-from .gguf_file import GGUFError, GGUFFile
-from .llama_config import LlamaSpec
-from .llama_weights import (Embedding, LayerWeights, Linear, ModelWeights, StackedLinear,
-                            _digest_part)
+from verispec import kernels
+from verispec.models.gguf_arch import (
+    ARCHITECTURES,
+    arch_config,
+    layer_names,
+    load_gemma_gguf,
+    parse_arch,
+)
+from verispec.models.gguf_file import GGUFError, GGUFFile
+from verispec.models.llama_config import LlamaSpec
+from verispec.models.llama_weights import (
+    Embedding,
+    LayerWeights,
+    Linear,
+    ModelWeights,
+    StackedLinear,
+    _digest_part,
+)
 
 _PERMUTED = ("llama",)  # architectures whose q/k rows llama.cpp interleaves
 _FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16: loaded as they are

@@ -9,9 +9,9 @@ from typing import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from .base import ForwardOutput, TargetModel
-from .hf_cache import DEFAULT_SLACK, HFCache, window_masks
-from .llama_weights import _digest_part
+from verispec.models.base import ForwardOutput, TargetModel
+from verispec.models.hf_cache import DEFAULT_SLACK, HFCache, window_masks
+from verispec.models.llama_weights import _digest_part
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:

@@ -33,17 +33,30 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from ..kv_cache import MixedKVCache, StaticKVCache, WindowKVCache
-from .base import BatchItem, ForwardOutput, TargetModel
-from .llama_batch import BatchedRows
-from .llama_attention import (KEY_TILE, ROW_TILE, AttentionMask, attend,
-                              invariant_attend, rowwise_attend)
-from .llama_config import LlamaSpec, parse_config, rope_tables, rotate
-from .llama_window import forward_pieces, local_rows, needs_pieces, slots
-from .llama_config import supports as _supports
-from .llama_weights import (LayerWeights, Linear, ModelWeights, fingerprint, load_weights,
-                            read_config, read_eos_ids)
+from verispec import kernels
+from verispec.models.base import BatchItem, ForwardOutput, TargetModel
+from verispec.models.llama_attention import (
+    KEY_TILE,
+    ROW_TILE,
+    AttentionMask,
+    attend,
+    invariant_attend,
+    rowwise_attend,
+)
+from verispec.models.llama_batch import BatchedRows
+from verispec.models.llama_config import LlamaSpec, parse_config, rope_tables, rotate
+from verispec.models.llama_config import supports as _supports
+from verispec.models.llama_weights import (
+    LayerWeights,
+    Linear,
+    ModelWeights,
+    fingerprint,
+    load_weights,
+    read_config,
+    read_eos_ids,
+)
+from verispec.models.llama_window import forward_pieces, local_rows, needs_pieces, slots
+from verispec.step.kv_cache import MixedKVCache, StaticKVCache, WindowKVCache
 
 DEFAULT_CACHE_LIMIT = 4096  # positions; bounds a request's cache memory when the model allows more
 INVARIANT_SLICE = 128  # rows per piece of a long batch-invariant forward

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
+from verispec import kernels
 
 ROW_TILE = 8  # query rows per tile in batch-invariant mode; forwards pad n up to a multiple
 ROWWISE_MAX = 64  # blocks up to this many rows attend row by row (decode and verification)

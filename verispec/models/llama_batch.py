@@ -12,12 +12,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from .base import BatchItem, ForwardOutput
-from .llama_attention import RowPlan
-from .llama_config import rotate
-from .llama_weights import LayerWeights
-from .llama_window import local_rows, needs_pieces, slots
+from verispec import kernels
+from verispec.models.base import BatchItem, ForwardOutput
+from verispec.models.llama_attention import RowPlan
+from verispec.models.llama_config import rotate
+from verispec.models.llama_weights import LayerWeights
+from verispec.models.llama_window import local_rows, needs_pieces, slots
 
 
 class BatchedRows:

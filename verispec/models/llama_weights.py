@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from .llama_config import LlamaSpec
+from verispec import kernels
+from verispec.models.llama_config import LlamaSpec
 
 
 def _can_pack(weight: torch.Tensor) -> bool:

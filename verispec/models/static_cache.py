@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv_cache import StaticKVCache
+from verispec.step.kv_cache import StaticKVCache
 
 
 class SlabCache(StaticKVCache):

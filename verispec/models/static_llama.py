@@ -28,12 +28,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .base import ForwardOutput
-from .llama import NativeLlama
-from .llama_config import rotate
-from .llama_weights import LayerWeights, ModelWeights
-from .static_cache import SlabCache, SlabPool, Staged, stage
-from .step_graphs import StepGraphs
+from verispec.models.base import ForwardOutput
+from verispec.models.llama import NativeLlama
+from verispec.models.llama_config import rotate
+from verispec.models.llama_weights import LayerWeights, ModelWeights
+from verispec.models.static_cache import SlabCache, SlabPool, Staged, stage
+from verispec.models.step_graphs import StepGraphs
 
 DEFAULT_WIDTH = 32  # rows per step: k + 1 <= 32 verifies in one step
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..acceptance import Evidence
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, build, register
+from verispec.policy.acceptance import Evidence
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerSetup, build, register
 
 
 class AutoProposer(Proposer):

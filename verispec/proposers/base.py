@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..acceptance import Evidence
+from verispec.policy.acceptance import Evidence
 
 if TYPE_CHECKING:
-    from ..token_tree import TokenTree
-    from ..config import SamplingParams, SpecConfig
-    from ..models.base import TargetModel
+    from verispec.config import SamplingParams, SpecConfig
+    from verispec.models.base import TargetModel
+    from verispec.step.token_tree import TokenTree
 
 # The one empty draft every proposer may return: a step that drafts nothing should
 # not pay for a fresh tensor, and no caller writes into a draft's tokens.
@@ -127,7 +127,7 @@ class Proposer(ABC):
     def evidence(self, ctx: DraftContext) -> Evidence | None:
         """How well this proposer can guess at ctx, known before it drafts (n-gram
         lookup: its matched suffix length). The adaptive policy keeps acceptance
-        per evidence key and picks k from the one at hand (verispec.policy,
+        per evidence key and picks k from the one at hand (verispec.policy.adaptive,
         "Evidence"). None: no such evidence."""
         return None
 

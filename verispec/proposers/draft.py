@@ -18,12 +18,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..processors import LogitProcessor
-from ..sampling import greedy_tokens, logits_to_probs, sample
-from ..token_tree import ROOT, TokenTree
-from ..tree import tree_attention
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
-from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from verispec.proposers.tree_drafting import (
+    DraftTree,
+    FedRows,
+    TreeShape,
+    as_proposal,
+    draft_log_probs,
+    grow,
+)
+from verispec.step.processors import LogitProcessor
+from verispec.step.sampling import greedy_tokens, logits_to_probs, sample
+from verispec.step.token_tree import ROOT, TokenTree
+from verispec.step.tree import tree_attention
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

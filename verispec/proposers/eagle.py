@@ -1,4 +1,4 @@
-"""EAGLE drafting (Li et al. 2024) with a trained head (verispec.heads).
+"""EAGLE drafting (Li et al. 2024) with a trained head (verispec.proposers.heads).
 
 Cache discipline. Head row t holds (target feature f_t, token x_{t+1}) at
 RoPE position t. Rows fed with the target's real features are permanent,
@@ -23,12 +23,19 @@ from __future__ import annotations
 
 import torch
 
-from ..heads.eagle import HeadCache
-from ..heads.runtime import LoadedHead, load_head
-from ..sampling import logits_to_probs, sample
-from ..token_tree import ROOT, TokenTree
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
-from .tree_drafting import DraftTree, FedRows, TreeShape, as_proposal, draft_log_probs, grow
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from verispec.proposers.heads.eagle import HeadCache
+from verispec.proposers.heads.runtime import LoadedHead, load_head
+from verispec.proposers.tree_drafting import (
+    DraftTree,
+    FedRows,
+    TreeShape,
+    as_proposal,
+    draft_log_probs,
+    grow,
+)
+from verispec.step.sampling import logits_to_probs, sample
+from verispec.step.token_tree import ROOT, TokenTree
 
 
 class EagleProposer(Proposer):

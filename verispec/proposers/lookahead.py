@@ -4,7 +4,7 @@ no training; the target itself, run on guesses, produces n-grams that later
 steps verify.
 
 Two branches share each step's one target forward, as one token tree below
-the last committed token (verispec.tree feeds and verifies it):
+the last committed token (verispec.step.tree feeds and verifies it):
 
 - the lookahead branch, a 2D window of W columns and N - 1 levels of Jacobi
   trajectories (`JacobiWindow`): level 0 is a chain of W guesses below the
@@ -35,8 +35,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..token_tree import ROOT, TokenTree
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, VerifiedRows, register
+from verispec.proposers.base import (
+    DraftContext,
+    Proposal,
+    Proposer,
+    ProposerSetup,
+    VerifiedRows,
+    register,
+)
+from verispec.step.token_tree import ROOT, TokenTree
 
 
 @dataclass(frozen=True)

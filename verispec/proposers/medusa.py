@@ -1,4 +1,4 @@
-"""Medusa drafting (Cai et al. 2024) with trained heads (verispec.heads).
+"""Medusa drafting (Cai et al. 2024) with trained heads (verispec.proposers.heads).
 
 Head j reads the target's hidden state at the position that predicted the
 last committed token and guesses the token j places after it, all K heads in
@@ -22,10 +22,16 @@ from __future__ import annotations
 
 import torch
 
-from ..heads.runtime import LoadedHead, load_head
-from ..sampling import logits_to_probs, sample
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
-from .tree_drafting import DraftTree, TreeShape, as_proposal, draft_log_probs, grow
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from verispec.proposers.heads.runtime import LoadedHead, load_head
+from verispec.proposers.tree_drafting import (
+    DraftTree,
+    TreeShape,
+    as_proposal,
+    draft_log_probs,
+    grow,
+)
+from verispec.step.sampling import logits_to_probs, sample
 
 
 class MedusaProposer(Proposer):

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from ..token_tree import TokenTree
-from ..acceptance import Evidence
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
-from .ngram_sampled import FrequencyDrafts
-
+from verispec.policy.acceptance import Evidence
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from verispec.proposers.ngram_sampled import FrequencyDrafts
+from verispec.step.token_tree import TokenTree
 
 # First-draft acceptance by matched suffix length 0, 1, 2, 3, 4+, rounded from how
 # often the proposal's first token was the target's next one on greedy target

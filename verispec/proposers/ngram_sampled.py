@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .base import Proposal
+from verispec.proposers.base import Proposal
 
 if TYPE_CHECKING:
-    from .base import ProposerSetup
+    from verispec.proposers.base import ProposerSetup
 
 
 def frequency_chain(paths: list[list[int]], depth: int, vocab: int, temperature: float,

@@ -1,7 +1,7 @@
 """Plain decoding through the same engine loop: the baseline."""
 from __future__ import annotations
 
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerSetup, register
 
 
 class NoProposer(Proposer):

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kernels
-from ..acceptance import Evidence
-from .base import DraftContext, Proposal, Proposer, ProposerSetup, register
-from .ngram import match_evidence
-from .ngram_sampled import FrequencyDrafts
-from .suffix_store import ANCHORS, SuffixIndex, SuffixStore
-from .tree_drafting import DraftTree, as_proposal
+from verispec import kernels
+from verispec.policy.acceptance import Evidence
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerSetup, register
+from verispec.proposers.ngram import match_evidence
+from verispec.proposers.ngram_sampled import FrequencyDrafts
+from verispec.proposers.suffix_store import ANCHORS, SuffixIndex, SuffixStore
+from verispec.proposers.tree_drafting import DraftTree, as_proposal
 
 MATCH_LENGTHS_TRIED = 4  # distinct match lengths scored per store, longest first
 

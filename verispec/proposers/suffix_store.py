@@ -36,7 +36,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from ..config import SUFFIX_STORE_REQUESTS, SUFFIX_STORE_TOKENS
+from verispec.config import SUFFIX_STORE_REQUESTS, SUFFIX_STORE_TOKENS
 
 SENTINEL = -1  # ends every sequence; never equal to a token, so matches stop there
 NONE = -1  # a chain's end: no earlier occurrence

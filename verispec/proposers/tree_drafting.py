@@ -26,11 +26,11 @@ from typing import Callable
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
-from ..sampling import logits_to_probs
-from ..token_tree import ROOT, TokenTree
-from ..tree import TreeAttention, tree_attention
-from .base import DraftContext, Proposal
+from verispec.config import SamplingParams, SpecConfig
+from verispec.proposers.base import DraftContext, Proposal
+from verispec.step.sampling import logits_to_probs
+from verispec.step.token_tree import ROOT, TokenTree
+from verispec.step.tree import TreeAttention, tree_attention
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class FedRows:
 
     A drafted row attends to every context row, to its ancestors' rows and to
     itself, at RoPE position root_position + depth: what the node's root-to-
-    node path fed alone as a chain would see (the layout of verispec.tree).
+    node path fed alone as a chain would see (the layout of verispec.step.tree).
     """
     prefix: int  # cache rows before the first drafted one; every drafted row attends them
     root_position: int  # RoPE position of the root's row

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli_args import engine_from
-from .load import LoadConfig, format_row, run_load
+from verispec.cli.args import engine_from
+from verispec.serving.load import LoadConfig, format_row, run_load
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def markdown(results: dict[str, dict[int, dict]], levels: list[int]) -> str:
 
 
 def plot(path: Path, results: dict[str, dict[int, dict]], levels: list[int]) -> Path:
-    from ..bench.plots import plt, save_figure
+    from verispec.bench.plots import plt, save_figure
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.6))
     for label, rows in results.items():
@@ -156,10 +156,10 @@ def cmd_bench_serving(args: argparse.Namespace) -> int:
         results = run(args.server, levels, mode_list, args)
         env = {"server": args.server}
     else:
-        from ..bench.runner import environment
-        from .protocol import ServeDefaults
-        from .scheduler import SchedulerConfig
-        from .server import ServerConfig, ServerThread, create_app
+        from verispec.bench.runner import environment
+        from verispec.serving.protocol import ServeDefaults
+        from verispec.serving.scheduler import SchedulerConfig
+        from verispec.serving.server import ServerConfig, ServerThread, create_app
 
         engine = engine_from(args)
         config = ServerConfig(("bench",), ServeDefaults(proposer=proposer, k=max(args.k, 8)),

@@ -3,9 +3,15 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_args import (add_model_args, add_suffix_cache_arg, engine_from, load_suffix_cache,
-                        proposer_arg, save_suffix_cache)
-from .protocol import serve_defaults
+from verispec.cli.args import (
+    add_model_args,
+    add_suffix_cache_arg,
+    engine_from,
+    load_suffix_cache,
+    proposer_arg,
+    save_suffix_cache,
+)
+from verispec.serving.protocol import serve_defaults
 
 _EPILOG = """\
 examples:
@@ -26,15 +32,15 @@ A request may override speculation with an extra field, e.g.
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..economics import load_profile
-    from .scheduler import SchedulerConfig
-    from .server import ServerConfig, serve
+    from verispec.policy.economics import load_profile
+    from verispec.serving.scheduler import SchedulerConfig
+    from verispec.serving.server import ServerConfig, serve
 
     defaults = serve_defaults(args)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
     if args.ray or args.ray_address:
-        from .ray_app import serve_ray
+        from verispec.serving.ray_app import serve_ray
 
         if args.suffix_cache or args.suffix_max_tokens:
             flag = "--suffix-cache" if args.suffix_cache else "--suffix-max-tokens"

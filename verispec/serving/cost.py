@@ -46,8 +46,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..draft_shape import between
-from ..economics import CostModel, StepCost, tokens_per_pass
+from verispec.policy.draft_shape import between
+from verispec.policy.economics import CostModel, StepCost, tokens_per_pass
 
 # Dense just past 16: AMX tiles hold 16 rows, and the step after a full tile of decode
 # rows costs a jump that a line through wider widths misses (docs/notebook/rounds.md,
@@ -61,7 +61,7 @@ def calibrate(target, widths: Sequence[int] = CALIBRATION_WIDTHS, context: int =
     measurement (`bench.profile.measure`) at these widths only, linear in
     between (a few forwards when the scheduler starts); None if the model is too short
     for it."""
-    from ..bench.profile import measure
+    from verispec.bench.profile import measure
 
     widths = [w for w in widths if context + w <= target.max_context]
     if len(widths) < 2:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cadence import LookAgain
+from verispec.policy.look_again import LookAgain
 
 
 @dataclass

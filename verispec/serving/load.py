@@ -148,7 +148,7 @@ def one_request(config: LoadConfig, model: str, messages: tuple[dict, ...]) -> S
 
 
 def workload_prompts(spec: str) -> tuple[tuple[dict, ...], ...]:
-    from ..bench.workloads import load_workload, parse_workloads
+    from verispec.bench.workloads import load_workload, parse_workloads
 
     return tuple(p.messages for name in parse_workloads(spec) for p in load_workload(name))
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from ..api import ShownLogprob
-from ..processors import TokenLogprob
-from .responses import ChatLogprobs, CompletionLogprobs, TopLogprob
-from .responses import TokenLogprob as TokenEntry
+from verispec.api import ShownLogprob
+from verispec.serving.responses import ChatLogprobs, CompletionLogprobs, TopLogprob
+from verispec.serving.responses import TokenLogprob as TokenEntry
+from verispec.step.processors import TokenLogprob
 
 FLOOR = -9999.0
 TokenText = Callable[[int], str]

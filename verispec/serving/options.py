@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 
-from ..config import Grammar
-from .requests import (GrammarFormat, JsonObjectFormat, JsonSchemaFormat, LogitBias, RegexFormat,
-                       ResponseFormat)
+from verispec.config import Grammar
+from verispec.serving.requests import (
+    GrammarFormat,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    LogitBias,
+    RegexFormat,
+    ResponseFormat,
+)
 
 
 def response_grammar(fmt: ResponseFormat | None) -> Grammar | None:

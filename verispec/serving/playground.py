@@ -22,9 +22,10 @@ from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from verispec.bench import simulate
+
 # The one import of the economics code: the closed forms and the Monte-Carlo.
-from .. import economics
-from ..bench import simulate
+from verispec.policy import economics
 
 WEB = Path(__file__).with_name("web")
 K_MAX = 32
@@ -75,7 +76,7 @@ def _error(message: str, param: str | None = None) -> JSONResponse:
 
 
 def router(engine, config) -> APIRouter:
-    from .. import proposers
+    from verispec import proposers
 
     api = APIRouter()
     defaults = config.defaults

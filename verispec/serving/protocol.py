@@ -7,12 +7,12 @@ compilation, the speculation settings, and the checks across fields. Each
 failure is an `APIError`, which the server turns into OpenAI's error JSON.
 `response_format` (json_object, json_schema, and verispec's regex / grammar)
 and `tools` with a forcing `tool_choice` (verispec.serving.tools) constrain
-the output with a grammar (verispec.grammar).
+the output with a grammar (verispec.step.grammar).
 
 Logprobs (chat `logprobs` / `top_logprobs`, completions `logprobs: N` and
 `echo`) and the logit processors (`presence_penalty`, `frequency_penalty`,
 `logit_bias`, and vLLM's `repetition_penalty`, `min_p`, `min_tokens`) are
-honoured under speculation (verispec.processors).
+honoured under speculation (verispec.step.processors).
 
 verispec extensions: `top_k`, `ignore_eos`, and a `speculation` object
 `{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft",
@@ -32,12 +32,20 @@ from typing import Any
 from jinja2 import TemplateError
 from pydantic import ValidationError
 
-from .. import spec_text
-from ..config import SamplingParams, SpecConfig
-from .errors import APIError, validation_error
-from .options import logit_bias, response_grammar
-from .requests import MAX_K, MAX_TREE, ChatRequest, CompletionRequest, Message, Speculation
-from .tools import plan_tools
+from verispec import spec_text
+from verispec.config import SamplingParams, SpecConfig
+from verispec.serving.errors import APIError, validation_error
+from verispec.serving.options import logit_bias, response_grammar
+from verispec.serving.requests import (
+    MAX_K,
+    MAX_TREE,
+    ChatRequest,
+    CompletionRequest,
+    Message,
+    Speculation,
+)
+from verispec.serving.tools import plan_tools
+
 
 @dataclass(frozen=True)
 class ServeDefaults:

@@ -16,7 +16,7 @@ step), next to the usual `delta` / `text`:
       "rejected": [          # drafts the verifier discarded, the rejected one first
         {"id": 30, "text": "."}, {"id": 198, "text": "\\n"}]}
 
-Origins follow the rejection sampler's glossary (verispec.rejection):
+Origins follow the rejection sampler's glossary (verispec.step.rejection):
 `accepted` (a draft the verifier kept), `recovered` (resampled at the first
 rejection; greedy: the target's argmax there) and `bonus` (the target's own
 token after every draft passed; on a k = 0 step it is the plain token). A stop
@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from ..metrics import StepRecord
+from verispec.metrics import StepRecord
 
 ACCEPTED, RECOVERED, BONUS = "accepted", "recovered", "bonus"
 _CONTEXT = 16  # committed tokens decoded in front of a rejected draft, for its spacing

@@ -23,19 +23,19 @@ import json
 import threading
 from typing import Literal, Optional, Union
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
-import ray
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import ray_bridge
-from .protocol import APIError
-from .ray_router import affinity_key
+from verispec.serving import ray_bridge
+from verispec.serving.protocol import APIError
+from verispec.serving.ray_router import affinity_key
 
 APP_NAME = "verispec"
 _DIED = (RayActorError, ActorUnavailableError, ReplicaUnavailableError)
@@ -92,8 +92,8 @@ class RayAppArgs(BaseModel):
 
 
 def _scheduler_config(settings: RayAppArgs):
-    from ..economics import load_profile
-    from .scheduler import SchedulerConfig
+    from verispec.policy.economics import load_profile
+    from verispec.serving.scheduler import SchedulerConfig
 
     return SchedulerConfig(max_num_seqs=settings.max_num_seqs, max_queue=settings.max_queue,
                            profile=load_profile(settings.profile) if settings.profile else None,
@@ -106,9 +106,9 @@ class VerispecReplica:
     def __init__(self, settings: dict) -> None:
         import torch
 
-        from ..cli_args import engine_from
-        from .protocol import serve_defaults
-        from .server import ServerConfig, create_app
+        from verispec.cli.args import engine_from
+        from verispec.serving.protocol import serve_defaults
+        from verispec.serving.server import ServerConfig, create_app
 
         s = RayAppArgs(**settings)
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
@@ -284,7 +284,7 @@ class VerispecIngress:
 
 def build_app(args: Union[dict, RayAppArgs, None] = None) -> "serve.Application":
     """The Serve application for `serve run` / `serve deploy` / `serve.run`."""
-    from .protocol import serve_defaults
+    from verispec.serving.protocol import serve_defaults
 
     settings = args if isinstance(args, RayAppArgs) else RayAppArgs(**(args or {}))
     serve_defaults(settings.spec_namespace())  # refuse bad speculation flags before deploying

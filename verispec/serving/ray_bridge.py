@@ -21,10 +21,9 @@ import time
 from typing import AsyncIterator, Sequence
 
 import ray
-
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .metrics import Gauges, ServingMetrics, exposition
+from verispec.serving.metrics import Gauges, ServingMetrics, exposition
 
 PUSH_SECONDS = 0.5
 STALE_SECONDS = 3.0

@@ -24,8 +24,13 @@ import json
 from typing import List, Optional
 
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
-from ray.serve.request_router import (LocalityMixin, MultiplexMixin, PendingRequest,
-                                      RequestRouter, RunningReplica)
+from ray.serve.request_router import (
+    LocalityMixin,
+    MultiplexMixin,
+    PendingRequest,
+    RequestRouter,
+    RunningReplica,
+)
 
 
 def affinity_key(body: bytes, chat: bool, prefix_chars: int) -> Optional[str]:

@@ -8,15 +8,25 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ..api import Engine
-from ..grammar import GrammarLimitError
-from .errors import APIError
-from .protocol import Job
-from .responses import (ChatChoice, ChatCompletion, ChatCompletionChunk, ChatMessage, ChunkChoice,
-                        Completion, CompletionChoice, CompletionLogprobs, Delta, ToolCall)
-from .run import Run
-from .scheduler import Failure
-from .tools import held_from, tool_calls, without_calls
+from verispec.api import Engine
+from verispec.serving.errors import APIError
+from verispec.serving.protocol import Job
+from verispec.serving.responses import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatMessage,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Delta,
+    ToolCall,
+)
+from verispec.serving.run import Run
+from verispec.serving.scheduler import Failure
+from verispec.serving.tools import held_from, tool_calls, without_calls
+from verispec.step.grammar import GrammarLimitError
 
 _FAILURE_STATUS = {"invalid": 400, "shutdown": 503, "cancelled": 499, "error": 500}
 

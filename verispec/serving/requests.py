@@ -19,8 +19,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool,
-                      StringConstraints, Tag, field_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StringConstraints,
+    Tag,
+    field_validator,
+)
 
 MAX_N = 16
 MAX_K = 32

@@ -8,13 +8,13 @@ import asyncio
 
 from fastapi import Request
 
-from ..api import Engine, TextDeltas
-from ..metrics import Stats
-from . import logprobs as lp_format
-from .protocol import Job
-from .provenance import ChoiceProvenance
-from .responses import CompletionLogprobs, SpeculationStats, Usage
-from .scheduler import Failure, Progress, Scheduler, Ticket
+from verispec.api import Engine, TextDeltas
+from verispec.metrics import Stats
+from verispec.serving import logprobs as lp_format
+from verispec.serving.protocol import Job
+from verispec.serving.provenance import ChoiceProvenance
+from verispec.serving.responses import CompletionLogprobs, SpeculationStats, Usage
+from verispec.serving.scheduler import Failure, Progress, Scheduler, Ticket
 
 
 def speculation(stats: list[Stats], proposer: str) -> SpeculationStats:

@@ -3,7 +3,7 @@
 One thread owns the model. Each step it admits queued requests into the
 running batch (up to `max_num_seqs`), asks every decoding request for a quote
 (`SpecRequest.quote`: its room, acceptance per depth and draft price, from its
-policy, verispec.plan), chooses every request's draft length for this step
+policy, verispec.policy.plan), chooses every request's draft length for this step
 (`cost.allocate`: speculation yields to load, checked against the realized rate
 by `guard.SpeculationGuard`), hands each request its plan (`Quote.plan(k)`) to
 `prepare` its forward, runs ONE `target.forward_batch` over all of them, and
@@ -30,18 +30,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..acceptance import Tally
-from ..cadence import LookAgain
-from ..economics import CostModel, SecondsPerUnit
-from ..config import SamplingParams, SpecConfig
-from ..metrics import Stats, StepRecord
-from ..plan import Plan
-from ..policy import EXPLORE_EVERY
-from ..request import SpecRequest
-from ..models.base import TargetModel
-from .cost import Candidate, StepCost, allocate, calibrate
-from .guard import SpeculationGuard
-from .metrics import Gauges, ServingMetrics
+from verispec.config import SamplingParams, SpecConfig
+from verispec.metrics import Stats, StepRecord
+from verispec.models.base import TargetModel
+from verispec.policy.acceptance import Tally
+from verispec.policy.adaptive import EXPLORE_EVERY
+from verispec.policy.economics import CostModel, SecondsPerUnit
+from verispec.policy.look_again import LookAgain
+from verispec.policy.plan import Plan
+from verispec.request import SpecRequest
+from verispec.serving.cost import Candidate, StepCost, allocate, calibrate
+from verispec.serving.guard import SpeculationGuard
+from verispec.serving.metrics import Gauges, ServingMetrics
 
 
 class QueueFull(Exception):
@@ -86,7 +86,7 @@ class Progress:
     finish_reason: str | None
     stats: Stats
     record: StepRecord | None = None  # this step's own record (stats keeps growing meanwhile)
-    logprobs: list | None = None  # per token (verispec.processors.TokenLogprob), when asked for
+    logprobs: list | None = None  # per token (verispec.step.processors.TokenLogprob), when asked for
 
 
 @dataclass

@@ -27,17 +27,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..api import Engine
-from . import playground
-from .background import ServerThread  # noqa: F401  (the tests' and benchmarks' entry)
-from .errors import APIError, ErrorBody, validation_error
-from .metrics import ServingMetrics
-from .protocol import Request as Body, ServeDefaults, build_job
-from .replies import complete, error_response, failure_error, stream
-from .requests import ChatRequest, CompletionRequest
-from .responses import ChatCompletion, Completion
-from .run import Run
-from .scheduler import Failure, QueueFull, Scheduler, SchedulerClosed, SchedulerConfig
+from verispec.api import Engine
+from verispec.serving import playground
+from verispec.serving.background import ServerThread  # noqa: F401  (the tests' and benchmarks' entry)
+from verispec.serving.errors import APIError, ErrorBody, validation_error
+from verispec.serving.metrics import ServingMetrics
+from verispec.serving.protocol import Request as Body
+from verispec.serving.protocol import ServeDefaults, build_job
+from verispec.serving.replies import complete, error_response, failure_error, stream
+from verispec.serving.requests import ChatRequest, CompletionRequest
+from verispec.serving.responses import ChatCompletion, Completion
+from verispec.serving.run import Run
+from verispec.serving.scheduler import (
+    Failure,
+    QueueFull,
+    Scheduler,
+    SchedulerClosed,
+    SchedulerConfig,
+)
 
 _BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatRequest}
 _ERRORS = {400: {"model": ErrorBody}, 429: {"model": ErrorBody}, 503: {"model": ErrorBody}}

@@ -21,9 +21,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from ..config import Grammar
-from .errors import APIError
-from .requests import ChatRequest
+
+from verispec.config import Grammar
+from verispec.serving.errors import APIError
+from verispec.serving.requests import ChatRequest
 
 
 @dataclass(frozen=True)

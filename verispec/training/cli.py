@@ -10,7 +10,7 @@ EPILOG = """examples:
   verispec train-head --type eagle --target default --out runs/eagle --tokens 100000 --steps 500
   verispec train-head --type medusa --target default --out runs/medusa --data runs/eagle/data
   verispec train-head ... --resume        # continue an interrupted run from its checkpoint
-  verispec train-head --type eagle --out runs/ft --init verispec/heads/shipped/eagle-smollm2-135m \
+  verispec train-head --type eagle --out runs/ft --init verispec/proposers/heads/shipped/eagle-smollm2-135m \
       --seed 1 --steps 300 --lr 2e-4       # fine-tune a head on new responses
   verispec train-head --type eagle --out runs/own --self-prompts 1 --extra-data runs/eagle/data
       # the target writes its own requests (Magpie); train on those and an older cache
@@ -77,7 +77,7 @@ def _other_fingerprints(source: str, backend: str, loaded_dtype) -> list[str]:
     the loaded tensors, and a head serves the same weights in bf16 and fp32 alike."""
     import torch
 
-    from ..models.loading import load_target
+    from verispec.models.loading import load_target
 
     found = []
     for dtype in ("bf16", "fp32"):
@@ -89,9 +89,8 @@ def _other_fingerprints(source: str, backend: str, loaded_dtype) -> list[str]:
 
 
 def encode_prompts(tokenizer, prompts) -> list:
-    from .responses import PromptIds
-
-    from ..prompt_ids import chat_ids, text_ids
+    from verispec.prompt_ids import chat_ids, text_ids
+    from verispec.training.responses import PromptIds
 
     out = []
     for p in prompts:
@@ -108,7 +107,7 @@ def _training_prompts(args, loaded, data: Path) -> list:
     so that any prefix the token budget reaches holds both in proportion."""
     import math
 
-    from .material import build_prompts
+    from verispec.training.material import build_prompts
 
     share = args.self_prompts
     # About 150 tokens per built prompt's response; spare prompts cover early EOS. The
@@ -119,7 +118,7 @@ def _training_prompts(args, loaded, data: Path) -> list:
         return built
     from tqdm.auto import tqdm
 
-    from .self_prompts import SelfPromptSettings, self_prompts
+    from verispec.training.self_prompts import SelfPromptSettings, self_prompts
 
     wanted = max(8, math.ceil(share * args.tokens / 120))
     with tqdm(total=wanted, desc="self prompts", unit="prompt", dynamic_ncols=True,
@@ -144,12 +143,12 @@ def interleave(a: list, b: list) -> list:
 
 
 def cmd_train_head(args) -> int:
-    from ..models.loading import load_target
-    from .pipeline import PipelineSettings, check_data_dir, run_pipeline
-    from .responses import GenerationSettings
-    from .trainer import TrainSettings
-
     import torch
+
+    from verispec.models.loading import load_target
+    from verispec.training.pipeline import PipelineSettings, check_data_dir, run_pipeline
+    from verispec.training.responses import GenerationSettings
+    from verispec.training.trainer import TrainSettings
 
     if args.tokens < 1 or args.steps < 1:
         raise ValueError("--tokens and --steps must be >= 1")

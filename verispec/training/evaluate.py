@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..heads.format import read_head
-from ..heads.runtime import build_module
-from ..heads.target_parts import target_parts
-from ..proposers.draft import common_prefix
-from ..proposers.ngram import NgramIndex
-from .features import teacher_force
+from verispec.proposers.draft import common_prefix
+from verispec.proposers.heads.format import read_head
+from verispec.proposers.heads.runtime import build_module
+from verispec.proposers.heads.target_parts import target_parts
+from verispec.proposers.ngram import NgramIndex
+from verispec.training.features import teacher_force
 
 
 @dataclass
@@ -51,9 +51,9 @@ class Answer:
 
 def greedy_answers(engine, workloads: list[str], limit: int, max_new_tokens: int,
                    layers: tuple[int, ...]) -> list[Answer]:
-    from ..bench.runner import encode_prompts
-    from ..bench.workloads import load_workload
-    from ..config import SamplingParams
+    from verispec.bench.runner import encode_prompts
+    from verispec.bench.workloads import load_workload
+    from verispec.config import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=max_new_tokens)
     answers = []
@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--by-key", action="store_true",
                         help="also split by n-gram lookup's matched suffix length")
     args = parser.parse_args(argv)
-    from ..api import Engine
-    from ..bench.workloads import parse_workloads
-    from ..config import SpecConfig
-    from ..heads.format import find_shipped
+    from verispec.api import Engine
+    from verispec.bench.workloads import parse_workloads
+    from verispec.config import SpecConfig
+    from verispec.proposers.heads.format import find_shipped
 
     limit = SpecConfig.head_vocab if args.head_vocab is None else args.head_vocab
     engine = Engine()

@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..models.base import TargetModel
-from .responses import Sample
+from verispec.models.base import TargetModel
+from verispec.training.responses import Sample
 
 SLICE = 256  # positions per forward: bounds the [rows, vocab] logits in memory
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
-import importlib.util
 import importlib.metadata as md
+import importlib.util
 import inspect
 import random
 import re
@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import topics
+from verispec.training import topics
 
 KINDS = ("chat", "creative", "summarize", "code-edit", "code")
 # Open-ended text is where model-free drafts fail (docs/benchmarks.md), so it gets most prompts.
@@ -65,7 +65,7 @@ class TrainingPrompt:
 
 def _bench_lines() -> tuple[set[str], set[str]]:
     """Long lines and whole contents of every bench prompt, for exclusion."""
-    from ..bench.workloads import WORKLOADS, load_workload
+    from verispec.bench.workloads import WORKLOADS, load_workload
 
     lines: set[str] = set()
     contents: set[str] = set()

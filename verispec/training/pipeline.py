@@ -2,7 +2,7 @@
 
 Output directory layout (everything a resume needs stays inside it):
 
-    config.json, head.safetensors   the head (verispec.heads.format)
+    config.json, head.safetensors   the head (verispec.proposers.heads.format)
     loss.png, history.json          the loss curve and its numbers
     checkpoint.pt                   module, optimizer and RNG state of the last checkpoint
     data/responses.jsonl            the target's responses (phase 1 cache)
@@ -21,12 +21,17 @@ from typing import Sequence
 
 import torch
 
-from ..heads.format import HeadConfig, new_config, save_head
-from ..heads.target_parts import describe_target, target_parts
-from ..models.base import TargetModel
-from .features import SequenceData, compute_features, features_dir, load_sequences
-from .responses import GenerationSettings, PromptIds, generate_responses, read_samples
-from .trainer import CHECKPOINT, HeadTrainer, History, TrainSettings
+from verispec.models.base import TargetModel
+from verispec.proposers.heads.format import HeadConfig, new_config, save_head
+from verispec.proposers.heads.target_parts import describe_target, target_parts
+from verispec.training.features import SequenceData, compute_features, features_dir, load_sequences
+from verispec.training.responses import (
+    GenerationSettings,
+    PromptIds,
+    generate_responses,
+    read_samples,
+)
+from verispec.training.trainer import CHECKPOINT, HeadTrainer, History, TrainSettings
 
 
 @dataclass
@@ -225,7 +230,7 @@ _SHAPE_FIELDS = ("type", "hidden_size", "vocab_size", "num_target_layers", "feat
 
 def _initial_head(folder: Path, config: HeadConfig, target: TargetModel):
     """The head `--init` names, checked against the target and the head being trained."""
-    from ..heads.format import check_target, read_head
+    from verispec.proposers.heads.format import check_target, read_head
 
     stored = read_head(folder)
     check_target(stored.config, target, where=f"--init {folder}")
@@ -255,7 +260,7 @@ def _smooth(values: Sequence[float], window: int) -> list[float]:
 def plot_history(history: History, path: Path, title: str) -> Path | None:
     if not history.steps:
         return None
-    from ..bench.plots import plt, save_figure
+    from verispec.bench.plots import plt, save_figure
 
     window = max(1, len(history.steps) // 50)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.6))

@@ -25,9 +25,9 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ..config import SamplingParams, SpecConfig
-from ..models.base import BatchItem, TargetModel
-from ..sampling import greedy_tokens, logits_to_probs, make_generator, sample
+from verispec.config import SamplingParams, SpecConfig
+from verispec.models.base import BatchItem, TargetModel
+from verispec.step.sampling import greedy_tokens, logits_to_probs, make_generator, sample
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def decode_prompts(target: TargetModel, pending: Iterator[PromptIds], settings: 
 
 def _decode_each(target: TargetModel, pending: Iterator[PromptIds], settings: GenerationSettings,
                  enough: Callable[[], bool]) -> Finished:
-    from ..api import Engine
+    from verispec.api import Engine
 
     engine = Engine(target)
     for prompt in pending:

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..models.base import TargetModel
-from ..prompt_ids import template_text_ids
-from .material import TrainingPrompt, _bench_lines, _normal
-from .responses import GenerationSettings, PromptIds, decode_prompts, read_records
+from verispec.models.base import TargetModel
+from verispec.prompt_ids import template_text_ids
+from verispec.training.material import TrainingPrompt, _bench_lines, _normal
+from verispec.training.responses import GenerationSettings, PromptIds, decode_prompts, read_records
 
 # Weighted by repetition: about one turn in six starts free, the rest lean to the
 # creative and chat requests where model-free drafts fail.

@@ -26,11 +26,11 @@ from typing import Sequence
 
 import torch
 
-from ..heads.format import HeadConfig
-from ..heads.runtime import build_module
-from ..heads.target_parts import TargetParts
-from .features import SequenceData
-from .losses import feature_regression, sample_negatives, sparse_distillation
+from verispec.proposers.heads.format import HeadConfig
+from verispec.proposers.heads.runtime import build_module
+from verispec.proposers.heads.target_parts import TargetParts
+from verispec.training.features import SequenceData
+from verispec.training.losses import feature_regression, sample_negatives, sparse_distillation
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -119,7 +119,7 @@ class HeadTrainer:
         self.draft_ids = ids.long()
         self.in_draft = torch.zeros(config.vocab_size, dtype=torch.bool)
         self.in_draft[self.draft_ids] = True
-        from ..models.loading import cpu_has_bf16
+        from verispec.models.loading import cpu_has_bf16
 
         # Mixed precision: weights, optimizer and losses stay float32, matmuls run
         # in bf16; the frozen LM-head rows are gathered in bf16 too, halving the

@@ -30,7 +30,7 @@ Ctrl-C saves the answers finished so far.
 
 
 def add_subcommands(sub) -> None:
-    from ..cli_args import add_model_args, add_suffix_cache_arg, positive_int
+    from verispec.cli.args import add_model_args, add_suffix_cache_arg, positive_int
 
     p = sub.add_parser("warm-suffix", help="fill a --suffix-cache file with the target's "
                                            "answers to many requests",
@@ -70,8 +70,8 @@ def add_subcommands(sub) -> None:
 
 
 def _check(args) -> None:
-    from ..cli_args import CliError
-    from .material import KINDS
+    from verispec.cli.args import CliError
+    from verispec.training.material import KINDS
 
     if not args.suffix_cache:
         raise CliError("warm-suffix needs --suffix-cache FILE: where the answers are stored")
@@ -85,21 +85,21 @@ def _check(args) -> None:
 
 def _prompts(args, engine) -> list:
     """The requests as token ids, in the order they are answered."""
-    from ..cli_args import CliError
+    from verispec.cli.args import CliError
 
     if args.prompts is not None:
-        from ..bench.workloads import load_workload
+        from verispec.bench.workloads import load_workload
 
         try:
             loaded = load_workload(args.prompts)
         except (OSError, ValueError) as exc:
             raise CliError(f"--prompts: {exc}") from None
-        from .responses import PromptIds
+        from verispec.training.responses import PromptIds
 
         return [PromptIds(p.id, p.workload, engine.encode_messages(list(p.messages)))
                 for p in loaded]
-    from .cli import encode_prompts
-    from .material import build_prompts
+    from verispec.training.cli import encode_prompts
+    from verispec.training.material import build_prompts
 
     kinds = None if args.kinds == "all" else set(args.kinds.split(","))
     built = [p for p in build_prompts(args.material, args.seed)
@@ -111,8 +111,8 @@ def cmd_warm_suffix(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from ..cli_args import engine_from, load_suffix_cache, save_suffix_cache
-    from .responses import GenerationSettings, decode_prompts
+    from verispec.cli.args import engine_from, load_suffix_cache, save_suffix_cache
+    from verispec.training.responses import GenerationSettings, decode_prompts
 
     _check(args)
     if args.threads:

@@ -10,9 +10,17 @@ import json
 import sys
 from typing import Callable
 
-from .cli_args import (CliError, add_model_args, add_sampling_args, add_spec_args,
-                       engine_from, load_suffix_cache, sampling_from, save_suffix_cache,
-                       spec_from)
+from verispec.cli.args import (
+    CliError,
+    add_model_args,
+    add_sampling_args,
+    add_spec_args,
+    engine_from,
+    load_suffix_cache,
+    sampling_from,
+    save_suffix_cache,
+    spec_from,
+)
 
 EPILOG = """examples:
   verispec generate --prompt "Summarize: ..." --chat
@@ -87,16 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
 
-    from .bench.econ_cli import add_subcommands as add_econ
+    from verispec.bench.econ_cli import add_subcommands as add_econ
 
     add_econ(sub)
-    from .bench.bench_cli import add_subcommands as add_bench
+    from verispec.bench.bench_cli import add_subcommands as add_bench
     add_bench(sub)
-    from .training.cli import add_subcommands as add_training
+    from verispec.training.cli import add_subcommands as add_training
     add_training(sub)
-    from .training.warm_suffix import add_subcommands as add_warm_suffix
+    from verispec.training.warm_suffix import add_subcommands as add_warm_suffix
     add_warm_suffix(sub)
-    from .serving.cli import add_subcommands as add_serve
+    from verispec.serving.cli import add_subcommands as add_serve
     add_serve(sub)
     return parser
 

@@ -24,9 +24,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .format import HeadConfig
-from .native_layer import NativeLayer
-from .packing import PackedLinears
+from verispec.proposers.heads.format import HeadConfig
+from verispec.proposers.heads.native_layer import NativeLayer
+from verispec.proposers.heads.packing import PackedLinears
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,

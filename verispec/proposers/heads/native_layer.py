@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import kernels
-from ..models.llama_attention import RowPlan
+from verispec import kernels
+from verispec.models.llama_attention import RowPlan
 
 
 class NativeLayer:

@@ -16,11 +16,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models.base import TargetModel
-from .eagle import EagleHead
-from .format import HeadConfig, check_target, find_shipped, read_head
-from .medusa import MedusaHead
-from .target_parts import TargetParts, target_parts
+from verispec.models.base import TargetModel
+from verispec.proposers.heads.eagle import EagleHead
+from verispec.proposers.heads.format import HeadConfig, check_target, find_shipped, read_head
+from verispec.proposers.heads.medusa import MedusaHead
+from verispec.proposers.heads.target_parts import TargetParts, target_parts
 
 _CACHE_SIZE = 8
 _LOADED: "OrderedDict[tuple, tuple[HeadConfig, nn.Module, torch.Tensor | None]]" = OrderedDict()
@@ -85,7 +85,7 @@ def _draft_rows(parts: TargetParts, ids: torch.Tensor, owner: object | None):
     """A row subset of the shared LM head as one Linear: in the target's own GGUF
     blocks where it runs them (bit-identical logits, fewer bytes per draft token),
     else the dense rows."""
-    from ..models.llama_weights import Linear
+    from verispec.models.llama_weights import Linear
 
     def build():
         if parts.quant_rows is not None:

@@ -1,5 +1,5 @@
 """How much to draft: the one interface every policy implements (the policies are in
-verispec.policy).
+verispec.policy.adaptive).
 
 A policy sees a request before each step and answers with a `Plan` (the draft
 length, whether a free proposer may make an unverified shadow guess); after the step
@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from .acceptance import Evidence, Tally
-from .economics import SecondsPerUnit
+from verispec.policy.acceptance import Evidence, Tally
+from verispec.policy.economics import SecondsPerUnit
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The policies (their interface is verispec.plan): a fixed k, and adaptive k, the
+"""The policies (their interface is verispec.policy.plan): a fixed k, and adaptive k, the
 draft length chosen per step so that speculation pays or stops.
 
 `AdaptiveK` keeps two online estimates and picks the k that maximises expected tokens
@@ -7,7 +7,7 @@ the seed's formula 9.3, E / (T_draft/T_decode + 1 + overhead*k). k = 0 (one toke
 T_verify(1)) wins whenever speculation cannot pay, which is what keeps adaptive
 decoding from being slower than plain decoding for long.
 
-* Acceptance per depth, alpha_i (verispec.acceptance.DepthAcceptance): discounted
+* Acceptance per depth, alpha_i (verispec.policy.acceptance.DepthAcceptance): discounted
   counts of censored chain outcomes. A proposer that can
   tell, before drafting, how good its guess will be (`Proposer.evidence`: n-gram
   lookup's matched suffix length) gets one estimate per evidence value as well: see
@@ -17,12 +17,12 @@ decoding from being slower than plain decoding for long.
   (economics.SecondsPerUnit), over a prior `CostModel` (a profile from `verispec
   profile` via `economics.load_profile`, or nearly flat) whose shape fills in
   unmeasured widths.
-* Step shape (verispec.draft_shape.DraftShape): the positions a step of k fed and the
+* Step shape (verispec.policy.draft_shape.DraftShape): the positions a step of k fed and the
   depth it reached. A chain of k feeds k; a tree step (lookahead's window and guesses,
   a fixed `--tree` budget) feeds its nodes at any k, so k is priced at that width and
   credited only the depth it reaches.
 
-Looking again (verispec.cadence.LookAgain): every `EXPLORE_EVERY`-th speculative step
+Looking again (verispec.policy.look_again.LookAgain): every `EXPLORE_EVERY`-th speculative step
 tries k + 1 or k - 1 (alternately), since estimates beyond the chosen k are
 extrapolations and a pessimistic one would never be corrected. k = 0 produces no
 acceptance evidence, so it must not be absorbing. Two ways out:
@@ -62,12 +62,19 @@ import math
 
 import numpy as np
 
-from .acceptance import DepthAcceptance, Evidence
-from .cadence import LookAgain
-from .config import SpecConfig
-from .draft_shape import DraftShape, between
-from .economics import Choice, CostModel, StepCost, best_rate, load_profile, tokens_per_pass
-from .plan import Outcome, Plan, PlanContext, Policy, Quote
+from verispec.config import SpecConfig
+from verispec.policy.acceptance import DepthAcceptance, Evidence
+from verispec.policy.draft_shape import DraftShape, between
+from verispec.policy.economics import (
+    Choice,
+    CostModel,
+    StepCost,
+    best_rate,
+    load_profile,
+    tokens_per_pass,
+)
+from verispec.policy.look_again import LookAgain
+from verispec.policy.plan import Outcome, Plan, PlanContext, Policy, Quote
 
 # Acceptance and step shape forget with this half-life, in steps: a request's text
 # changes character within a few sentences (a copied block, then free writing).

@@ -8,7 +8,7 @@
                        (int64 token ids) when it drafts from a reduced vocabulary
 
 The target's embeddings, final norm and LM head are not stored: a head borrows
-them from the loaded target (verispec.heads.target_parts). That is why a head
+them from the loaded target (verispec.proposers.heads.target_parts). That is why a head
 is only valid against the exact weights it was trained on, and why loading
 checks `target.weights_fingerprint()` against the fingerprints recorded here
 (one per dtype the target may be loaded in, since the fingerprint samples the
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.base import TargetModel
-from .target_parts import TargetInfo
+from verispec.models.base import TargetModel
+from verispec.proposers.heads.target_parts import TargetInfo
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .config import SamplingParams
+from verispec.config import SamplingParams
 
 Decode = Callable[[list[int]], str]
 

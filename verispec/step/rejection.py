@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .sampling import greedy_tokens, sample
+from verispec.step.sampling import greedy_tokens, sample
 
 if TYPE_CHECKING:
-    from .sampling import ProbRows
-    from .token_tree import TokenTree
+    from verispec.step.sampling import ProbRows
+    from verispec.step.token_tree import TokenTree
 
 
 @dataclass(frozen=True)

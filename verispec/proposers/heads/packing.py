@@ -22,7 +22,7 @@ class PackedLinears:
         for the kernels, a quarter to a half of bf16's bytes per draft step; the
         head then computes an approximation of its trained function (what it
         proposes changes, never what the verifier emits)."""
-        from ..models.llama_weights import Linear
+        from verispec.models.llama_weights import Linear
 
         first = self.get_submodule(names[0]).weight
         key = (first.dtype, first.device, first.data_ptr(), quant)
@@ -54,8 +54,8 @@ def _quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
     import gguf
     import numpy as np
 
-    from .. import kernels
-    from ..models.llama_weights import Linear
+    from verispec import kernels
+    from verispec.models.llama_weights import Linear
 
     qtype = gguf.GGMLQuantizationType[fmt]
     if not kernels.available() or int(qtype) not in kernels.quant_types():

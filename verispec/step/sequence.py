@@ -1,7 +1,7 @@
 """The mechanism of lossless speculation, on token ids only: one sequence's state,
 what one target forward feeds (`feed`), and what its output commits (`commit`:
 verify, roll back or compact the cache, stop checks). How much to draft is not
-decided here (verispec.plan), nor what to draft (verispec.drafting), nor is anything
+decided here (verispec.policy.plan), nor what to draft (verispec.drafting), nor is anything
 timed: the step that joins them, and its clock, is `verispec.request`.
 
 Cache invariant: between steps the target cache holds every committed token
@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import SamplingParams, SpecConfig
-from .grammar import Constraint, apply_mask, masked_draft_probs
-from .models.base import BatchItem, ForwardOutput, TargetModel
-from .processors import LogitProcessor, TokenLogprob, chain_ancestry, token_logprobs
-from .proposers.base import Proposal, VerifiedRows
-from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
-from .sampling import ProbRows, greedy_tokens, logits_to_probs
-from .stopping import Stopper
-from .token_tree import ROOT
-from .tree import TreeFeed, tree_ancestry, tree_feed, tree_finish
+from verispec.config import SamplingParams, SpecConfig
+from verispec.models.base import BatchItem, ForwardOutput, TargetModel
+from verispec.proposers.base import Proposal, VerifiedRows
+from verispec.step.grammar import Constraint, apply_mask, masked_draft_probs
+from verispec.step.processors import LogitProcessor, TokenLogprob, chain_ancestry, token_logprobs
+from verispec.step.rejection import Verdict, verify_greedy, verify_sampling, verify_typical
+from verispec.step.sampling import ProbRows, greedy_tokens, logits_to_probs
+from verispec.step.stopping import Stopper
+from verispec.step.token_tree import ROOT
+from verispec.step.tree import TreeFeed, tree_ancestry, tree_feed, tree_finish
 
 
 def validate_prompt(target: TargetModel, prompt: list[int], sampling: SamplingParams) -> None:
@@ -55,7 +55,7 @@ class Sequence:
     stopper: Stopper
     generator: torch.Generator
     processor: LogitProcessor
-    constraint: Constraint | None = None  # a grammar the output must match (verispec.grammar)
+    constraint: Constraint | None = None  # a grammar the output must match (verispec.step.grammar)
     lossy_typical: bool = False  # SpecConfig.lossy_typical: Medusa's typical acceptance (opt-in)
     hidden_layers: tuple[int, ...] = ()  # target hidden states the proposer reads
     hidden: tuple[torch.Tensor, ...] = ()  # per layer, rows of the positions committed last

@@ -1,4 +1,4 @@
-"""Token trees (verispec.token_tree) verified in one target pass (SpecInfer, Miao
+"""Token trees (verispec.step.token_tree) verified in one target pass (SpecInfer, Miao
 et al. 2023; Medusa; EAGLE): their attention mask and positions, and the feed and
 finish around the one forward the engine runs when a proposer returns a tree.
 
@@ -16,10 +16,10 @@ from typing import Sequence
 
 import torch
 
-from .config import SamplingParams
-from .rejection import TreeVerdict, verify_tree_greedy, verify_tree_sampling
-from .sampling import ProbRows
-from .token_tree import TokenTree
+from verispec.config import SamplingParams
+from verispec.step.rejection import TreeVerdict, verify_tree_greedy, verify_tree_sampling
+from verispec.step.sampling import ProbRows
+from verispec.step.token_tree import TokenTree
 
 
 @dataclass
@@ -75,7 +75,7 @@ def tree_feed(cache_length: int, committed_tokens: Sequence[int], tree: TokenTre
 
 def tree_ancestry(feed: TreeFeed) -> torch.Tensor:
     """[N + 1, N] bool: the nodes in each fed row's prefix (its ancestors and itself),
-    which the request's logit processors count (verispec.processors)."""
+    which the request's logit processors count (verispec.step.processors)."""
     return feed.layout.mask[:, feed.past_len + 1:]
 
 

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from .config import SamplingParams
+from verispec.config import SamplingParams
 
 
 def greedy_tokens(logits: torch.Tensor) -> int | list[int]:
@@ -36,7 +36,7 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[..., vocab] logits -> [..., vocab] float32 probabilities. The logits are
-    the processed ones (verispec.processors) wherever a request has processors.
+    the processed ones (verispec.step.processors) wherever a request has processors.
 
     Greedy (temperature 0) gives a one-hot on the argmax, which makes the
     sampling verifier degenerate exactly into the greedy one.

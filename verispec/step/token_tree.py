@@ -3,8 +3,8 @@
 
 Node i hangs below its parent (parents[i] < i, so the nodes are in topological
 order); the root, the last committed token, is not a node. Only the structure
-lives here: verispec.tree feeds a tree to the target and verifies it, and
-verispec.rejection decides which path it keeps.
+lives here: verispec.step.tree feeds a tree to the target and verifies it, and
+verispec.step.rejection decides which path it keeps.
 """
 from __future__ import annotations
 

@@ -9,9 +9,21 @@ from __future__ import annotations
 
 import argparse
 
-from .config import (HEAD_QUANTS, SUFFIX_STORE_REQUESTS, SUFFIX_STORE_TOKENS, TREE_SHAPES,
-                     SamplingParams, SpecConfig)
-from .spec_text import DRAFT_SOURCES, SpecError, draft_source, parse_spec, proposer_names
+from verispec.spec_text import (
+    DRAFT_SOURCES,
+    SpecError,
+    draft_source,
+    parse_spec,
+    proposer_names,
+)
+from verispec.config import (
+    HEAD_QUANTS,
+    SUFFIX_STORE_REQUESTS,
+    SUFFIX_STORE_TOKENS,
+    TREE_SHAPES,
+    SamplingParams,
+    SpecConfig,
+)
 
 # verispec's short names and torch's own spellings; models.loading reads both.
 DTYPES = ("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16")
@@ -52,7 +64,7 @@ def engine_from(args: argparse.Namespace, backend: str | None = None):
     """The Engine that a command's model flags (`add_model_args`) describe. `backend`:
     another backend than the flags' (the transformers peer of a benchmark), which
     then loads without --batch-invariant (a native-only setting)."""
-    from .api import Engine
+    from verispec.api import Engine
 
     return Engine(args.model, dtype=args.dtype, device=args.device,
                   backend=backend or args.backend,
@@ -178,7 +190,7 @@ def load_suffix_cache(engine, path: str | None, max_tokens: int | None = None) -
     bound that lets outputs of 32 tokens or more reach it."""
     import sys
 
-    from .proposers.suffix_store import SuffixCacheError, SuffixStore
+    from verispec.proposers.suffix_store import SuffixCacheError, SuffixStore
 
     if max_tokens is not None:
         engine.suffix_store = SuffixStore(max(SUFFIX_STORE_REQUESTS, max_tokens // 32), max_tokens)

@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .format import HeadConfig
-from .packing import PackedLinears
+from verispec.proposers.heads.format import HeadConfig
+from verispec.proposers.heads.packing import PackedLinears
 
 
 class MedusaHead(nn.Module, PackedLinears):

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..models.base import TargetModel
+from verispec.models.base import TargetModel
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def quant_lm_rows(target) -> Callable[[torch.Tensor], object] | None:
     exactly the bf16 values its dequantization gives (kernels/__init__.py), so
     its logits are bit-identical to the dense bf16 rows', at about half the
     bytes read per draft token for Q8_0."""
-    from .. import kernels
+    from verispec import kernels
 
     weights = target.weights
     head, source = weights.lm_head, weights.source
@@ -124,8 +124,8 @@ def quant_lm_rows(target) -> Callable[[torch.Tensor], object] | None:
         return None
 
     def rows(token_ids: torch.Tensor):
-        from ..models.gguf_file import GGUFFile
-        from ..models.llama_weights import Linear
+        from verispec.models.gguf_file import GGUFFile
+        from verispec.models.llama_weights import Linear
 
         gf = GGUFFile(source)
         name = "token_embd.weight" if target.spec.tie_embeddings else "output.weight"

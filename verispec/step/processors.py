@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from .config import SamplingParams
+from verispec.config import SamplingParams
 
 
 def chain_ancestry(k: int) -> torch.Tensor:

@@ -46,7 +46,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from .config import Grammar  # noqa: F401  (re-exported: the grammar's home is config)
+from verispec.config import Grammar  # noqa: F401  (re-exported: the grammar's home is config)
+
 
 def ll_tokenizer(tokenizer, vocab_size: int):
     """llguidance's view of a transformers tokenizer, built once per engine."""
@@ -258,7 +259,7 @@ def constrained_proposal(constraint: Constraint, proposer, ctx, budget: int):
     sibling distribution the multi-draft verifier relies on."""
     from dataclasses import replace as _replace
 
-    from .proposers.base import Proposal
+    from verispec.proposers.base import Proposal
 
     forced = constraint.forced(budget)
     ctx = _replace(ctx, tokens=ctx.tokens + forced, tree_nodes=0) if forced else \
@@ -281,8 +282,8 @@ def constrained_proposal(constraint: Constraint, proposer, ctx, budget: int):
 def _first_path(tree):
     """A tree's first root-to-leaf path as a chain: each node there is its parent's
     first child, drawn from that child's own draft row."""
-    from .proposers.base import Proposal
-    from .token_tree import ROOT
+    from verispec.proposers.base import Proposal
+    from verispec.step.token_tree import ROOT
 
     path, node = [], ROOT
     while tree.children(node):

@@ -8,7 +8,7 @@ adaptive depth feeds about N nodes at every k. A policy that priced k as a chain
 3-node lookahead step as a 2-row pass, and on a CPU whose T(n) rises steeply it
 would draft where plain decoding is faster. So a policy learns, per requested k,
 the discounted mean of positions fed and of the depth the proposal reached, prices
-k at that width and expects tokens only down to that depth (verispec.policy.AdaptiveK;
+k at that width and expects tokens only down to that depth (verispec.policy.adaptive.AdaptiveK;
 a batch allocator reads the same tables from the request's quote).
 
 A k never seen borrows from the nearest seen k: its depth, cut at k or extended as far

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .models.base import TargetModel
+from verispec.models.base import TargetModel
 
 NEAR_TIE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 1e-2}
 
