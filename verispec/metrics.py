@@ -13,8 +13,8 @@ class StepRecord:
     drafted: int  # draft tokens actually proposed (<= k)
     accepted: int  # of those, kept by the verifier
     emitted: int  # tokens committed this step (accepted + 1, fewer when a stop cut the block)
-    evidence: int | None = None  # the proposer's evidence key behind an adaptive k (policy.py)
-    # Provenance (rejection.py's glossary): when emitted == accepted + 1, the last token
+    evidence: int | None = None  # the proposer's evidence key behind an adaptive k (policy/adaptive.py)
+    # Provenance (step/rejection.py's glossary): when emitted == accepted + 1, the last token
     # is the bonus token if `bonus`, else the recovered one; `rejected` holds the drafts
     # the verifier discarded (chain: drafts[accepted:]; tree: the last accepted node's children).
     bonus: bool = False
