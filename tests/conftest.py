@@ -121,7 +121,6 @@ def full_size_runs() -> int:
 def ray_cluster():
     """A local Ray cluster bound to loopback; every process it started is gone after."""
     import ray
-
     from ray_support import REPO, descendants, wait_gone
 
     before = descendants()

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import psutil
-
 from conftest import tiny_llama
+
 from verispec.models import loading
 
 REPO = Path(__file__).resolve().parents[1]

@@ -108,7 +108,7 @@ def reference_hf_greedy(model: HFModel, prompt: list[int], n: int) -> list[int]:
 def test_plain_loop_matches_transformers_generate(engine, target, tiny, request):
     """An independent reference for the plain loop: transformers' generate, or
     for the quantized GGUF, the same values as a dense bf16 checkpoint. The
-    integer path's logits are its own (tests/test_quant_i8.py holds its kernel to
+    integer path's logits are its own (tests/kernels/test_quant_i8.py holds its kernel to
     a reference), so there the loop is held to greedy over full-prefix forwards,
     each into a fresh cache: no cache reuse, no incremental step."""
     if getattr(target, "weights_kind", "dense") == "quant-i8":

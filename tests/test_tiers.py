@@ -15,7 +15,7 @@ TESTS = Path(__file__).resolve().parent
 
 def _fixtures_defined() -> set[str]:
     names = set()
-    for path in TESTS.glob("*.py"):
+    for path in TESTS.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FunctionDef) and any(
                     "fixture" in ast.unparse(d) for d in node.decorator_list):
@@ -24,7 +24,7 @@ def _fixtures_defined() -> set[str]:
 
 
 def test_no_test_is_marked_slow_by_hand():
-    marked = [f"{path.name}:{node.lineno}" for path in sorted(TESTS.glob("test_*.py"))
+    marked = [f"{path.name}:{node.lineno}" for path in sorted(TESTS.rglob("test_*.py"))
               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
               if isinstance(node, ast.Attribute) and node.attr == "slow"
               and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"]
@@ -46,9 +46,9 @@ def _collected(*args: str) -> list[str]:
 def test_the_fast_tier_leaves_out_what_uses_a_slow_fixture():
     """test_lookahead.py mixes both tiers: its default-model and full-size distribution
     tests (through default_engine and full_size_runs) go; its tiny-model tests stay."""
-    everything = _collected("tests/test_lookahead.py")
-    fast = _collected("-m", "not slow", "tests/test_lookahead.py")
-    slow = _collected("-m", "slow", "tests/test_lookahead.py")
+    everything = _collected("tests/proposers/test_lookahead.py")
+    fast = _collected("-m", "not slow", "tests/proposers/test_lookahead.py")
+    slow = _collected("-m", "slow", "tests/proposers/test_lookahead.py")
     assert sorted(fast + slow) == sorted(everything)
     assert any("test_greedy_equality_default_model" in t for t in slow)
     assert any("test_sampled_output_follows_the_target" in t for t in slow)

@@ -40,8 +40,13 @@ def _train(byte_level: bool, specials: list[str], vocab_size: int = 300) -> tupl
 
 def family_tokenizer(family: str):
     """A transformers tokenizer of `family` with a 300-token vocabulary."""
-    from transformers import (GemmaTokenizer, GPT2Tokenizer, LlamaTokenizer,
-                              PreTrainedTokenizerFast, Qwen2Tokenizer)
+    from transformers import (
+        GemmaTokenizer,
+        GPT2Tokenizer,
+        LlamaTokenizer,
+        PreTrainedTokenizerFast,
+        Qwen2Tokenizer,
+    )
 
     if family in ("llama", "llama-eos"):
         vocab, merges = _train(False, ["<unk>", "<s>", "</s>"])

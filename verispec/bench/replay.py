@@ -14,7 +14,7 @@ profile`; the values the bench measured are in docs/notebook/rounds.md, round 6)
 The replay drives the engine's own policy through its interface (`plan`,
 `observe`: evidence, shadow guesses and all) with the real n-gram proposer, and
 feeds it the modelled step times, so its choices react to the same cost curve
-the static runs are scored with. `tests/test_bench.py` checks that a replayed static run
+the static runs are scored with. `tests/bench/test_bench.py` checks that a replayed static run
 commits exactly what the engine commits.
 
     python -m verispec.bench.replay --workload all --limit 6 --max-new-tokens 160 \\

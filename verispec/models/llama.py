@@ -5,7 +5,7 @@ Numerics follow transformers' modeling_llama op for op where it matters:
 RMSNorm normalizes in float32, casts back, then multiplies the weight; RoPE
 tables are computed in float32 with HF's expression and cast to the model
 dtype; every residual add and activation runs in the model dtype. In float32
-the logits agree with HF within the tolerance tests/test_native.py asserts. In
+the logits agree with HF within the tolerance tests/models/test_native.py asserts. In
 bf16 the two backends are not bit-identical (their attention kernels round
 differently), but each is as far from the float32 logits as the other: ordinary
 bf16 noise.

@@ -15,7 +15,7 @@ own distribution is sharpened the same way. Every token is drawn from the row
 reported for it, with the request's generator, and where no occurrence goes
 on the chain ends: its length depends only on the drafts drawn, never on the
 target, so the chain rule of speculative sampling stays exact. Proven by a
-chi-square test of the sampled marginals (tests/test_ngram_sampled.py), with a
+chi-square test of the sampled marginals (tests/proposers/test_ngram_sampled.py), with a
 control showing that the same test catches drafts reported as one-hot.
 
 Trees stay deterministic: a node whose children are every distinct
