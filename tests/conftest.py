@@ -10,8 +10,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from verispec.models.hf import HFModel
 
-# Two cores: let one test process use them without oversubscription.
-torch.set_num_threads(int(os.environ.get("VERISPEC_TEST_THREADS", "2")))
+# A tiny model's matmuls are too small to split: a second thread only waits on the first
+# (and on a busy machine spins for its turn). The real model's tests use both cores.
+THREADS = os.environ.get("VERISPEC_TEST_THREADS")
 
 VOCAB = 96
 
@@ -75,7 +76,15 @@ SLOW_FIXTURES = {
     "langchain_openai": "LangChain",
     "full_size_runs": "a distribution test at full size",
     "whole_script": "a whole script run end to end",
+    "every_family": "every architecture family",
 }
+
+
+@pytest.fixture(autouse=True)
+def torch_threads(request):
+    """One torch thread for the fast tier's tiny models, two for the slow tier's real ones;
+    VERISPEC_TEST_THREADS sets both."""
+    torch.set_num_threads(int(THREADS or (2 if request.node.get_closest_marker("slow") else 1)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
@@ -84,6 +93,11 @@ def pytest_collection_modifyitems(config, items):
         uses = sorted({SLOW_FIXTURES[name] for name in item.fixturenames if name in SLOW_FIXTURES})
         if uses:
             item.add_marker(pytest.mark.slow(reason=", ".join(uses)))
+
+
+@pytest.fixture(scope="session")
+def every_family() -> None:
+    """Marks a test that sweeps every transformers family, beyond the fast tier's few."""
 
 
 @pytest.fixture(scope="session")

@@ -79,9 +79,22 @@ def prompt_for(vocab: int) -> list[int]:
     return torch.randint(0, vocab, (30,), generator=generator).tolist() + [3, 4, 5, 6, 7] * 4
 
 
-@pytest.fixture(scope="module", params=list(ARCHS))
+# The fast tier's families: a native Llama, a native one with sliding windows, and one that
+# only transformers runs. The slow tier adds the others.
+FAST = ("llama", "gemma3", "gpt2")
+
+
+@pytest.fixture(scope="module", params=FAST)
 def arch(request, tmp_path_factory):
-    name = request.param
+    return saved_family(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=[name for name in ARCHS if name not in FAST])
+def other_arch(request, tmp_path_factory, every_family):
+    return saved_family(request.param, tmp_path_factory)
+
+
+def saved_family(name: str, tmp_path_factory):
     tokenizer = family_tokenizer(ARCHS[name][3])
     vocab = len(tokenizer)
     model = build(name, vocab, 0)
@@ -96,6 +109,14 @@ def arch(request, tmp_path_factory):
 
 
 def test_every_proposer_equals_transformers_greedy(arch):
+    every_proposer_equals_transformers_greedy(arch)
+
+
+def test_every_proposer_equals_transformers_greedy_in_the_other_families(other_arch):
+    every_proposer_equals_transformers_greedy(other_arch)
+
+
+def every_proposer_equals_transformers_greedy(arch):
     name, folder, _, prompt, want = arch
     fixed = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
     backends = ("hf", "native") if name in NATIVE else ("hf",)
@@ -120,6 +141,14 @@ def _saved(model, folder: Path) -> str:
 
 
 def test_prompt_ids_and_the_backend_on_the_stats_line(arch):
+    prompt_ids_and_the_backend_on_the_stats_line(arch)
+
+
+def test_prompt_ids_and_the_backend_on_the_stats_line_in_the_other_families(other_arch):
+    prompt_ids_and_the_backend_on_the_stats_line(other_arch)
+
+
+def prompt_ids_and_the_backend_on_the_stats_line(arch):
     name, folder, tokenizer, _, _ = arch
     engine = Engine(str(folder))  # --backend auto
     for text in TEXTS:

@@ -111,20 +111,21 @@ def _sampled_counts(tmp_path, kind: str, runs: int, **spec_options):
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_sampled_output_follows_the_target_with_heads(tmp_path, kind):
+def test_sampled_output_follows_the_target_with_heads(tmp_path, kind, full_size_runs):
     """2000 seeded requests: the first and second tokens' marginals pass
     chi-square against the target's exact ones, while the head's drafts
     (two per first step) are often accepted and often not."""
-    runs = 2000
+    runs = 2 * full_size_runs
     counts, marginals, drafted, accepted = _sampled_counts(tmp_path, kind, runs)
     assert drafted >= 2 * runs and 0.1 * drafted < accepted < 0.9 * drafted
     assert worst_pvalue(counts, marginals, runs) > 1e-3
 
 
-def test_sampled_output_follows_the_target_with_a_limited_head_vocabulary(tmp_path):
+def test_sampled_output_follows_the_target_with_a_limited_head_vocabulary(tmp_path,
+                                                                        full_size_runs):
     """Drafts over 4 of 8 tokens put zero draft probability on the others; the
     output distribution is still the target's."""
-    runs = 2000
+    runs = 2 * full_size_runs
     counts, marginals, drafted, accepted = _sampled_counts(tmp_path, "eagle", runs, head_vocab=4)
     assert drafted >= 2 * runs and 0.1 * drafted < accepted < 0.9 * drafted
     assert worst_pvalue(counts, marginals, runs) > 1e-3

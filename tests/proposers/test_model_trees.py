@@ -289,11 +289,11 @@ def test_eagle_tree_rows_equal_their_paths_fed_as_chains(target, heads, monkeypa
 # -- sampling: the emitted tokens follow the target ----------------------------
 
 @pytest.mark.parametrize("kind,shape", [("eagle", "dynamic"), ("medusa", "topb")])
-def test_sampled_output_with_head_trees_follows_the_target(tmp_path, kind, shape):
+def test_sampled_output_with_head_trees_follows_the_target(tmp_path, kind, shape, full_size_runs):
     """2000 seeded three-token requests on a vocab-8 target at T = 2, with a
     random head drafting a 6-node tree of depth 2: the first and second tokens'
     marginals pass chi-square against the target's exact ones."""
-    runs = 2000
+    runs = 2 * full_size_runs
     counts, marginals, drafted, accepted = _sampled_counts(
         tmp_path, kind, runs, tree=6, tree_shape=shape, tree_branch=3)
     assert drafted >= 6 * runs and 0.1 * runs < accepted < drafted
@@ -309,11 +309,11 @@ def test_distribution_check_catches_a_skipped_tree_residual(tmp_path, monkeypatc
     assert worst_pvalue(counts, marginals, runs) < 1e-6
 
 
-def test_sampled_output_with_a_self_draft_tree_follows_the_target():
+def test_sampled_output_with_a_self_draft_tree_follows_the_target(full_size_runs):
     """The same with a layer-skip self-draft (self:1 of a two-layer target)."""
     target = tiny_target(11, layers=2, vocab=8)
     engine = Engine(target)
-    prompt, temperature, runs = [1, 2, 3], 2.0, 2000
+    prompt, temperature, runs = [1, 2, 3], 2.0, 2 * full_size_runs
     spec = SpecConfig("draft", draft="self:1", k=2, tree=6, tree_branch=3)
     counts = np.zeros((2, 8))
     accepted = 0
