@@ -316,6 +316,18 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if warmup:
         warm_up(runner, prompts[0], configs)
+    # What is alive now (the model, the modules) outlives the bench: frozen, it is out of the
+    # collection before each run, which then walks only what the runs left behind.
+    gc.collect()
+    gc.freeze()
+    try:
+        return _run_all(runner, prompts, configs, progress, repeats)
+    finally:
+        gc.unfreeze()
+
+
+def _run_all(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[BenchConfig],
+             progress: bool, repeats: int) -> list[RunRecord]:
     records: list[RunRecord] = []
     bar = tqdm(total=len(prompts) * len(configs) * repeats, file=sys.stderr, unit="run",
                desc="bench", disable=not progress, dynamic_ncols=True)
