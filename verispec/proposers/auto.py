@@ -5,7 +5,7 @@ request; for suffix decoding also in the Engine's past outputs) says, before dra
 how good its guess will be (`Proposer.evidence`). Each step drafts with the one that
 matched longer, n-gram lookup on a tie, and the request's adaptive k prices the step by
 that evidence like any other. The measured case for this rule against the per-step
-goodput race it replaced is in docs/notebook/house_policy.md.
+goodput race it replaced is in docs/notebook/house_policy.md, sections 3 and 4.
 """
 from __future__ import annotations
 

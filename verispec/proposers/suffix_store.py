@@ -16,7 +16,8 @@ from the anchor to its newest end position, and per anchor length an array
 parallel to the stream holding each position's previous occurrence. Neither
 holds a Python container per anchor, so a large store gives the garbage
 collector nothing to walk; a list per anchor did, and each full collection's
-pause landed inside some request's step (docs/suffix.md, "Bounds and memory").
+pause landed inside some request's step (docs/notebook/suffix.md, "The index
+before the hash chains").
 
 `SuffixStore` is the global store over past outputs: bounded by requests and
 tokens, oldest evicted first, safe to share between threads, saved to and

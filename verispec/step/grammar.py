@@ -1,6 +1,6 @@
 """Grammar-constrained decoding under speculation, on llguidance.
 
-Why llguidance (docs/structured_outputs.md has the measurements): on this CPU
+Why llguidance (docs/notebook/structured_outputs.md has the measurements): on this CPU
 with the default tokenizer its mask costs the same few microseconds per token
 as xgrammar's, it compiles a schema about ten times faster (a per-request
 cost here), it has no dependencies (xgrammar pulls triton and apache-tvm-ffi),

@@ -62,7 +62,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 # The first candidate count tried for the nucleus, then its growth factor. A sort
 # of the whole vocabulary costs far more than the forward's other per-row work,
 # and at a useful temperature the nucleus is a few tokens, so a top-m selection
-# almost always settles it (docs/sampling.md).
+# almost always settles it (docs/notebook/sampling.md).
 _NUCLEUS_FIRST = 64
 _NUCLEUS_GROWTH = 4
 
@@ -142,7 +142,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     times the row's total, in float64. That is the categorical distribution up to
     float64 rounding, and costs one pass over the row, where torch.multinomial's
     CPU kernel costs several times a whole decode step's sampling work at a 49k
-    vocabulary (docs/sampling.md). A token of zero mass is never drawn: the
+    vocabulary (docs/notebook/sampling.md). A token of zero mass is never drawn: the
     cumulative sum does not rise across it, and `right=True` skips ties."""
     flat = probs.reshape(-1, probs.shape[-1]).to(torch.float64)  # [rows, vocab]
     cumulative = flat.cumsum(-1)  # [rows, vocab]

@@ -4,7 +4,7 @@ Fed only its chat template up to the start of a user turn, an instruct model
 samples what a user might ask, because that is what followed in its own
 fine-tuning data. On this machine the word lists of topics.py give a few
 thousand open-ended prompts, and a head trained on the answers to them fits
-those answers far better than it drafts for new requests (docs/heads.md,
+those answers far better than it drafts for new requests (docs/notebook/heads.md,
 "Held-out evaluation"). The target's own requests have no such ceiling: each
 one is a fresh sample from everything it was tuned on.
 
