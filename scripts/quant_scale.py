@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's verispec
 
-from verispec.policy.economics import load_profile, optimal_k  # noqa: E402
+from verispec.bench.calculator import optimal_k
+from verispec.policy.economics import load_profile
 
 HERE = Path(__file__).resolve().parent
 

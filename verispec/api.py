@@ -8,7 +8,6 @@ from typing import Iterator
 import torch
 
 from verispec import proposers
-from verispec.spec_text import parse_quant_source
 from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig
 from verispec.metrics import Stats
 from verispec.models.base import TargetModel
@@ -19,6 +18,7 @@ from verispec.prompt_ids import chat_ids, text_ids
 from verispec.proposers.base import ProposerSetup
 from verispec.proposers.suffix_store import SuffixStore
 from verispec.request import SpecRequest, Step, run_alone
+from verispec.spec_text import parse_quant_source
 from verispec.step.grammar import Constraint, ll_tokenizer
 from verispec.step.processors import TokenLogprob, logprob_rows
 from verispec.step.sampling import make_generator

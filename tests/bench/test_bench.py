@@ -10,11 +10,12 @@ from conftest import CharTokenizer, tiny_target
 
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench import bench_cli
+from verispec.bench.calculator import expected_tokens
 from verispec.bench.peers import parse_peers
 from verispec.bench.runner import BenchPrompt, parse_k_list, verispec_configs
 from verispec.cli.main import build_parser, main
 from verispec.models.base import TargetModel
-from verispec.policy.economics import expected_tokens, load_profile
+from verispec.policy.economics import load_profile
 
 
 class ChatCharTokenizer(CharTokenizer):

@@ -7,18 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from verispec.bench.econ_cli import main
-from verispec.bench.simulate import SimResult, simulate, spread_by_rounds, tokens_std
-from verispec.policy.economics import (
-    CostModel,
+from verispec.bench.calculator import (
     OptimalK,
     ceiling,
     expected_speedup,
     expected_tokens,
-    load_profile,
     optimal_k,
-    tokens_per_pass,
 )
+from verispec.bench.econ_cli import main
+from verispec.bench.simulate import SimResult, simulate, spread_by_rounds, tokens_std
+from verispec.policy.economics import CostModel, load_profile, tokens_per_pass
 
 
 @pytest.mark.parametrize(

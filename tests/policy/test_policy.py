@@ -8,18 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from verispec.bench.calculator import expected_speedup, expected_tokens, optimal_k
 from verispec.policy import adaptive as policy_module
 from verispec.policy.acceptance import Evidence
 from verispec.policy.adaptive import PROBE_K, AdaptiveK
-from verispec.policy.economics import (
-    CostModel,
-    best_rate,
-    expected_speedup,
-    expected_tokens,
-    load_profile,
-    optimal_k,
-    tokens_per_pass,
-)
+from verispec.policy.economics import CostModel, best_rate, load_profile, tokens_per_pass
 from verispec.policy.look_again import LookAgain
 from verispec.policy.plan import Outcome, Plan
 

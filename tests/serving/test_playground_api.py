@@ -12,9 +12,9 @@ import pytest
 from conftest import tiny_engine
 
 from verispec import SamplingParams, SpecConfig
-from verispec.policy import economics
-from verispec.bench import econ_cli, simulate
+from verispec.bench import calculator, econ_cli, simulate
 from verispec.metrics import StepRecord
+from verispec.policy import economics
 from verispec.serving import playground
 from verispec.serving.protocol import ServeDefaults
 from verispec.serving.provenance import ChoiceProvenance
@@ -220,12 +220,12 @@ def test_economics_endpoint_is_verispec_economics(server, capsys, alpha, k, cost
     status, got = economics_call(server, alpha=alpha, k=k, draft_cost=cost, verify_overhead=overhead)
     assert status == 200
     model = economics.CostModel(draft_cost=cost, verify_overhead=overhead)
-    assert got["expected_tokens"] == economics.expected_tokens(alpha, k)
-    assert got["expected_speedup"] == economics.expected_speedup(alpha, k, model)
+    assert got["expected_tokens"] == calculator.expected_tokens(alpha, k)
+    assert got["expected_speedup"] == calculator.expected_speedup(alpha, k, model)
     assert got["pass_cost"] == model.pass_cost(k)
-    best = economics.optimal_k(alpha, model, 16)
+    best = calculator.optimal_k(alpha, model, 16)
     assert (got["optimal_k"], got["optimal_speedup"]) == (best.k, best.speedup)
-    assert [p["speedup"] for p in got["curve"]] == [economics.expected_speedup(alpha, j, model)
+    assert [p["speedup"] for p in got["curve"]] == [calculator.expected_speedup(alpha, j, model)
                                                      for j in range(17)]
     run = simulate.simulate(alpha, k, 24, 0, model)
     assert got["simulation"]["tokens_per_pass"] == run.tokens_per_pass

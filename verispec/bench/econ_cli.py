@@ -8,15 +8,9 @@ import json
 import math
 import sys
 
+from verispec.bench.calculator import ceiling, expected_speedup, expected_tokens, optimal_k
 from verispec.bench.simulate import simulate, spread_by_rounds
-from verispec.policy.economics import (
-    CostModel,
-    ceiling,
-    expected_speedup,
-    expected_tokens,
-    load_profile,
-    optimal_k,
-)
+from verispec.policy.economics import CostModel, load_profile
 
 _DEFAULT_OVERHEAD = 0.1
 _CEILING_NOTE = {False: "max(1, 1 / (draft cost + overhead))",

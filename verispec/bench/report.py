@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from verispec.bench.calculator import expected_tokens
 from verispec.bench.runner import PEER, BenchConfig, RunRecord
-from verispec.policy.economics import expected_tokens
 
 
 @dataclass

@@ -19,9 +19,9 @@ import torch
 from tqdm import tqdm
 
 from verispec.bench.workloads import Prompt, validate_output
-from verispec.spec_text import parse_token
 from verispec.config import Grammar, SamplingParams, SpecConfig
 from verispec.proposers.suffix_store import SuffixStore
+from verispec.spec_text import parse_token
 from verispec.step.lossless import compare_greedy
 from verispec.step.sequence import validate_prompt
 

@@ -13,20 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from verispec.policy.economics import (
-    CostModel,
-    _check_alpha,
-    _check_k,
-    expected_speedup,
-    expected_tokens,
-    optimal_k,
-)
+from verispec.bench.calculator import expected_speedup, expected_tokens, optimal_k
+from verispec.policy.economics import CostModel, check_alpha, check_k
 
 DEFAULT_ROUNDS_GRID = (6, 24, 96, 384, 1536)
 
 
 def _check_rounds(rounds: int, name: str = "rounds") -> int:
-    value = _check_k(rounds, name)
+    value = check_k(rounds, name)
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
@@ -44,7 +38,7 @@ def _tokens_per_round(rng: np.random.Generator, alpha: float, k: int, shape: tup
 def tokens_std(alpha: float, k: int) -> float:
     """Exact per-round standard deviation of tokens emitted: X = j with
     probability alpha^(j-1) (1 - alpha) for j <= k, and X = k+1 w.p. alpha^k."""
-    alpha, k = _check_alpha(alpha), _check_k(k)
+    alpha, k = check_alpha(alpha), check_k(k)
     values = np.arange(1, k + 2, dtype=float)
     probs = alpha ** (values - 1) * (1.0 - alpha)
     probs[-1] = alpha**k
@@ -55,7 +49,7 @@ def tokens_std(alpha: float, k: int) -> float:
 def round_tokens(alpha: float, k: int, rounds: int, seed: int = 0) -> list[int]:
     """Tokens emitted by each round of `simulate(alpha, k, rounds, seed)`, in order:
     t - 1 accepted drafts, then the recovered token (t <= k) or the bonus (t = k + 1)."""
-    alpha, k, rounds = _check_alpha(alpha), _check_k(k), _check_rounds(rounds)
+    alpha, k, rounds = check_alpha(alpha), check_k(k), _check_rounds(rounds)
     return _tokens_per_round(np.random.default_rng(seed), alpha, k, (rounds,)).tolist()
 
 
@@ -100,7 +94,7 @@ def spread_by_rounds(
     """Runs `trials` independent simulations at each rounds count; the std of
     their tokens-per-pass shrinks like 1/sqrt(rounds), which is why a 24-round
     benchmark cannot resolve a 5% difference."""
-    alpha, k, trials = _check_alpha(alpha), _check_k(k), _check_rounds(trials, "trials")
+    alpha, k, trials = check_alpha(alpha), check_k(k), _check_rounds(trials, "trials")
     rng = np.random.default_rng(seed)
     per_round = tokens_std(alpha, k)
     rows = []
@@ -120,7 +114,7 @@ def plot_speedup(path: str | Path, alpha: float, cost: CostModel, k_max: int = 1
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    alpha, k_max = _check_alpha(alpha), _check_k(k_max, "k_max")
+    alpha, k_max = check_alpha(alpha), check_k(k_max, "k_max")
     ks = np.arange(k_max + 1)
     draft_like = CostModel(max(cost.draft_cost, 0.1), cost.verify_overhead, cost.profile)
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -9,13 +9,6 @@ from __future__ import annotations
 
 import argparse
 
-from verispec.spec_text import (
-    DRAFT_SOURCES,
-    SpecError,
-    draft_source,
-    parse_spec,
-    proposer_names,
-)
 from verispec.config import (
     HEAD_QUANTS,
     SUFFIX_STORE_REQUESTS,
@@ -23,6 +16,13 @@ from verispec.config import (
     TREE_SHAPES,
     SamplingParams,
     SpecConfig,
+)
+from verispec.spec_text import (
+    DRAFT_SOURCES,
+    SpecError,
+    draft_source,
+    parse_spec,
+    proposer_names,
 )
 
 # verispec's short names and torch's own spellings; models.loading reads both.

@@ -36,13 +36,13 @@ from typing import Sequence
 import numpy as np
 
 
-def _check_alpha(alpha: float) -> float:
+def check_alpha(alpha: float) -> float:
     if not 0.0 <= alpha < 1.0:
         raise ValueError(f"alpha must be in [0, 1), got {alpha}")
     return float(alpha)
 
 
-def _check_k(k: int, name: str = "k") -> int:
+def check_k(k: int, name: str = "k") -> int:
     try:
         value = operator.index(k)
     except TypeError:
@@ -72,12 +72,6 @@ def tokens_per_pass(alphas: Sequence[float]) -> list[float]:
         total += reach
         tokens.append(total)
     return tokens
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """E(k) for a user-given alpha in [0, 1) at every depth and k >= 0 (checked):
-    (1 - alpha^(k+1)) / (1 - alpha)."""
-    return tokens_per_pass([_check_alpha(alpha)] * _check_k(k))[-1]
 
 
 @dataclass(frozen=True)
@@ -196,7 +190,7 @@ class CostModel:
 
     def relative_time(self, n: int) -> float:
         """T(n)/T(1) for a forward over n >= 1 positions."""
-        n = _check_k(n, "n")
+        n = check_k(n, "n")
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if self.profile is None:
@@ -207,7 +201,7 @@ class CostModel:
 
     def pass_cost(self, k: int) -> float:
         """Plain-decode steps spent on one round: k drafts plus a (k+1)-wide verify."""
-        k = _check_k(k)
+        k = check_k(k)
         return k * self.draft_cost + self.relative_time(k + 1)
 
 
@@ -358,39 +352,6 @@ class StepCost:
             bisect.insort(self._seen, index)
         self._sum[index] += seconds
         self._weight[index] += 1.0
-
-
-def expected_speedup(alpha: float, k: int, cost: CostModel) -> float:
-    """Expected tokens per unit time relative to plain decoding (1.0 = break-even)."""
-    return expected_tokens(alpha, k) / cost.pass_cost(k)
-
-
-@dataclass(frozen=True)
-class OptimalK:
-    k: int
-    speedup: float
-
-
-def optimal_k(alpha: float, cost: CostModel, k_max: int = 32) -> OptimalK:
-    """Best draft length in 0..k_max (`best_rate` over E(k) and the pass cost in plain
-    decode steps, so the rate is the speedup)."""
-    k_max = _check_k(k_max, "k_max")
-    best = best_rate(tokens_per_pass([_check_alpha(alpha)] * k_max),
-                     [cost.pass_cost(k) for k in range(k_max + 1)])
-    return OptimalK(best.k, best.rate)
-
-
-def ceiling(cost: CostModel) -> float:
-    """Least upper bound of the speedup over every alpha < 1 and every k.
-
-    As alpha -> 1, E -> k + 1, so the bound is sup_k (k+1) / pass_cost(k). For a
-    linear cost this is max(1, 1 / (c + overhead)), i.e. 1/overhead when c = 0;
-    inf when extra positions are free.
-    """
-    slope = cost.draft_cost + cost.marginal_overhead
-    asymptote = math.inf if slope == 0.0 else 1.0 / slope
-    measured = len(cost.profile) if cost.profile is not None else 1
-    return max(asymptote, max((k + 1) / cost.pass_cost(k) for k in range(measured)))
 
 
 def load_profile(path: str | Path, draft_cost: float | None = None) -> CostModel:

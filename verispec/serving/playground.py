@@ -22,9 +22,8 @@ from fastapi import APIRouter, FastAPI, Query
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from verispec.bench import simulate
-
 # The one import of the economics code: the closed forms and the Monte-Carlo.
+from verispec.bench import calculator, simulate
 from verispec.policy import economics
 
 WEB = Path(__file__).with_name("web")
@@ -48,19 +47,19 @@ def economics_report(alpha: float, k: int, draft_cost: float, verify_overhead: f
     if not 1 <= rounds <= MAX_ROUNDS:
         raise ValueError(f"rounds must be in [1, {MAX_ROUNDS}], got {rounds}")
     cost = economics.CostModel(draft_cost=draft_cost, verify_overhead=verify_overhead)
-    best = economics.optimal_k(alpha, cost, k_max)
+    best = calculator.optimal_k(alpha, cost, k_max)
     run = simulate.simulate(alpha, k, rounds, seed, cost)
     spread = simulate.spread_by_rounds(alpha, k, trials=SPREAD_TRIALS, seed=seed)
     return {
         "alpha": alpha, "k": k, "draft_cost": draft_cost, "verify_overhead": verify_overhead,
         "k_max": k_max,
-        "expected_tokens": economics.expected_tokens(alpha, k),
-        "expected_speedup": economics.expected_speedup(alpha, k, cost),
+        "expected_tokens": calculator.expected_tokens(alpha, k),
+        "expected_speedup": calculator.expected_speedup(alpha, k, cost),
         "pass_cost": cost.pass_cost(k),
         "optimal_k": best.k, "optimal_speedup": best.speedup,
-        "ceiling": _finite(economics.ceiling(cost)),
-        "curve": [{"k": j, "expected_tokens": economics.expected_tokens(alpha, j),
-                   "speedup": economics.expected_speedup(alpha, j, cost)}
+        "ceiling": _finite(calculator.ceiling(cost)),
+        "curve": [{"k": j, "expected_tokens": calculator.expected_tokens(alpha, j),
+                   "speedup": calculator.expected_speedup(alpha, j, cost)}
                   for j in range(k_max + 1)],
         "simulation": {"rounds": run.rounds, "seed": seed,
                        "tokens_per_pass": run.tokens_per_pass, "theoretical": run.theoretical,
