@@ -32,11 +32,15 @@ proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 proposer name. Every configuration runs on the same token ids, interleaved per
 prompt; greedy outputs are checked against `none` and against hf-plain.
 
-peers: hf-plain, hf-pld, hf-assisted (transformers on the same weights) and
+peers: hf-plain, hf-pld, hf-assisted (transformers on the same weights),
 llamacpp-plain, llamacpp-pld (llama.cpp on the GGUF file, when the optional
 llama-cpp-python is installed: pip install 'verispec[llamacpp]'; skipped with a
-note otherwise). llama.cpp quantizes its activations to 8 bits, a different
-function, so llamacpp-pld is checked against llamacpp-plain only.
+note otherwise) and llamaserver-plain, llamaserver-ngram-mod, -ngram-simple,
+-ngram-map-k, -ngram-map-k4v, -ngram-cache, -draft (llama.cpp's own llama-server
+in its own process over HTTP, at verispec's thread count; build it with
+scripts/build_llama_cpp.sh, or set VERISPEC_LLAMA_SERVER). llama.cpp quantizes
+its activations to 8 bits, a different function, so its speculative runs are
+checked against its own plain run only.
 """
 
 _PROFILE_EPILOG = """\
@@ -133,12 +137,16 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
     if any(c.kind == PEER for c in configs) and any(p.grammar is not None for p in prompts):
         notes.append("peers apply no grammar: they skip the prompts with a response_format "
                      "(the structured workload), whose speedups are then against none")
-    records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress,
-                        repeats=plan.repeats)
-    if plan.sampling.greedy:
-        check_equality(engine.target, prompts, records, configs, peers=peers)
-    else:
-        notes.append("sampling (temperature > 0): greedy-equality checks skipped")
+    try:
+        records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress,
+                            repeats=plan.repeats)
+        if plan.sampling.greedy:
+            check_equality(engine.target, prompts, records, configs, peers=peers)
+        else:
+            notes.append("sampling (temperature > 0): greedy-equality checks skipped")
+    finally:
+        if peers is not None:
+            peers.close()
     notes += report.rested(records, configs)
     rows = report.summarize(records, configs)
     sweeps = report.sweep(rows, configs) if plan.sweep else []
@@ -263,7 +271,11 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--peers", default="hf-plain",
                        help="comma list of hf-plain, hf-pld, hf-assisted, llamacpp-plain, "
                             "llamacpp-pld (llama.cpp on the GGUF, needs the optional "
-                            "llama-cpp-python), or none (default hf-plain)")
+                            "llama-cpp-python), llamaserver-plain, llamaserver-ngram-mod, "
+                            "llamaserver-ngram-simple, llamaserver-ngram-map-k, "
+                            "llamaserver-ngram-map-k4v, llamaserver-ngram-cache, "
+                            "llamaserver-draft (llama-server over HTTP), or none "
+                            "(default hf-plain)")
     bench.add_argument("--draft", default=None, metavar="PATH",
                        help="draft model for proposer 'draft' and hf-assisted (a path, or self:L)")
     bench.add_argument("--max-new-tokens", type=int, default=128,
