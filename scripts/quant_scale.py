@@ -41,17 +41,19 @@ HERE = Path(__file__).resolve()
 
 
 def verispec_child(model: str, threads: int, weights: str, context: int, steps: int,
-                   ns: list[int]) -> dict:
+                   ns: list[int], curve_repeats: int) -> dict:
     """Runs in a fresh process: plain decode wall and CPU ms per token, the n-token
-    forward's cost per n, and the peak RSS (MiB)."""
+    forward's cost per n (median of `curve_repeats`, interleaved over n), and the peak
+    RSS (MiB)."""
     import torch
+    from quant_speed import cost_curve  # scripts/, beside this file
 
     from verispec.models.loading import load_target
 
     torch.set_num_threads(threads)
     loaded = load_target(model, dtype="bf16", weights=weights)
     target = loaded.target
-    tokens = list(range(1000, 1000 + context + steps + max(ns) + 2))
+    tokens = list(range(1000, 1000 + context + steps + max(ns) + 1))
     cache = target.new_cache(context + steps + max(ns) + 2)
     with torch.inference_mode():
         target.forward(torch.tensor(tokens[:context]), cache, num_logits=1)
@@ -60,17 +62,11 @@ def verispec_child(model: str, threads: int, weights: str, context: int, steps: 
         for token in tokens[context + 1:context + 1 + steps]:
             target.forward(torch.tensor([token]), cache)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        start = context + 1 + steps
-        block = torch.tensor(tokens[-max(ns):])
-        curve_wall, curve_cpu = {}, {}
-        for n in ns:
-            w, c = time.perf_counter(), time.process_time()
-            target.forward(block[:n], cache)
-            curve_wall[n], curve_cpu[n] = time.perf_counter() - w, time.process_time() - c
-            cache.truncate(start)
+        curve_cpu: dict = {}
+        curve = cost_curve(target, tokens, context + 1 + steps, ns, curve_repeats, curve_cpu,
+                           cache=cache)
     return {"weights": getattr(loaded, "weights", weights), "ms": 1e3 * wall / steps,
-            "cpu_ms": 1e3 * cpu / steps, "tn_ms": {n: 1e3 * v for n, v in curve_wall.items()},
-            "tn_cpu_ms": {n: 1e3 * v for n, v in curve_cpu.items()},
+            "cpu_ms": 1e3 * cpu / steps, "tn_ms": curve, "tn_cpu_ms": curve_cpu,
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -90,7 +86,7 @@ def spawn_measured(cmd: list[str]) -> tuple[str, float]:
 def measure_verispec(model: str, threads: int, args) -> dict:
     cmd = [sys.executable, str(HERE), "--child", model, "--threads", str(threads),
            "--weights", args.weights, "--context", str(args.context), "--steps", str(args.steps),
-           "--ns", args.ns]
+           "--ns", args.ns, "--curve-repeats", str(args.curve_repeats)]
     out, _ = spawn_measured(cmd)
     result = json.loads(out.strip().splitlines()[-1])
     for key in ("tn_ms", "tn_cpu_ms"):  # JSON made the n strings
@@ -172,6 +168,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for threads in sorted({r["threads"] for r in rows}):
@@ -183,20 +180,25 @@ def plot(rows: list[dict], path: Path) -> None:
         left.plot(sizes, [r["llamacpp_ms"] for r in mine], "^" + dash,
                   label=f"llama.cpp, {threads} thread(s)")
         for n, marker in ((4, "s"), (8, "o")):
-            right.plot(sizes, [r["curve"][n] for r in mine if n in r["curve"]], marker + dash,
-                       label=f"T({n})/T(1), {threads} thread(s)")
+            pts = [(r["params_b"], r["curve"][n]) for r in mine if n in r["curve"]]
+            if pts:
+                right.plot(*zip(*pts), marker + dash, label=f"T({n})/T(1), {threads} thread(s)")
     left.set(xscale="log", yscale="log", xlabel="parameters (billions)",
              ylabel="ms per token (plain decode, wall)")
     left.legend(fontsize=7)
     right.set(xscale="log", xlabel="parameters (billions)",
               ylabel="verispec verification cost, wall (one-token steps)")
     right.legend(fontsize=7)
+    sizes = sorted({r["params_b"] for r in rows})
+    for ax in (left, right):
+        ax.set_xticks(sizes, [f"{s:.2g}B" for s in sizes])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| file | params | threads | verispec ms (CPU ms) | llama.cpp ms | llama.cpp ahead by "
+    lines = ["| file | params | threads | verispec ms (CPU ms) | llama.cpp ms | verispec time / llama.cpp's "
              "| T(2) | T(4) | T(8) | T(16) | same in CPU time: T(4), T(8), T(16) "
              "| peak RSS verispec | llama.cpp |", "|" + "---|" * 13]
     for r in sorted(rows, key=lambda r: (r["threads"], r["params_b"])):
@@ -235,12 +237,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[-1])
-    p.add_argument("--files", nargs="+", help="GGUF files, or default (the embedded model)")
+    p.add_argument("--files", nargs="+",
+                   help="GGUF files, or default (the embedded model); without it, the tables "
+                        "of --out/scale.json are printed again")
     p.add_argument("--threads", default="1,2", help="comma list (default 1,2)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; medians over them (default 3)")
     p.add_argument("--steps", type=int, default=32, help="decoded tokens per run (default 32)")
     p.add_argument("--context", type=int, default=200, help="tokens before decoding (default 200)")
     p.add_argument("--ns", default="1,2,3,4,5,6,8,12,16", help="the n of T(n), a comma list")
+    p.add_argument("--curve-repeats", type=int, default=3,
+                   help="timings of each n-token forward per run (default 3)")
     p.add_argument("--weights", default="auto", help="verispec's --weights (default auto)")
     p.add_argument("--llama-bench", type=Path, default=None, help="the llama-bench binary")
     p.add_argument("--alphas-from", type=Path, default=None, metavar="RESULTS_JSON",
@@ -255,11 +261,12 @@ def main() -> int:
     ns = sorted({1, *(int(n) for n in args.ns.split(","))})
     if args.child:
         print(json.dumps(verispec_child(args.child, int(args.threads), args.weights,
-                                        args.context, args.steps, ns)))
+                                        args.context, args.steps, ns, args.curve_repeats)))
         return 0
-    if not args.files:
-        p.error("--files is required")
-    if args.llama_bench is None:
+    earlier = args.out / "scale.json"
+    if not args.files and not earlier.exists():
+        p.error(f"--files is required (no {earlier} to report on)")
+    if args.files and args.llama_bench is None:
         from verispec.bench.llamaserver import BUILD_HINT, find_tool
 
         args.llama_bench = find_tool("llama-bench")
@@ -267,9 +274,8 @@ def main() -> int:
             p.error(f"no llama-bench found: {BUILD_HINT}, or give --llama-bench PATH")
     args.thread_list = [int(t) for t in args.threads.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [row for model in args.files for row in measure_file(model, args)]
-    earlier = args.out / "scale.json"
-    if args.add and earlier.exists():
+    rows = [row for model in args.files or [] for row in measure_file(model, args)]
+    if (args.add or not args.files) and earlier.exists():
         done = {(r["file"], r["threads"]) for r in rows}
         rows += [r for r in json.loads(earlier.read_text())["rows"]
                  if (r["file"], r["threads"]) not in done]

@@ -115,7 +115,7 @@ class PeerRunner:
                 llamacpp.gguf_path(model), engine.target, draft=draft))
             if server is not None:
                 self.notes.append(f"llama-server: {server.binary} ({server.version()}), "
-                                  f"{server.threads} threads")
+                                  f"{server.threads} thread(s)")
 
     def _add(self, names: list[str], make):
         """Runs `names` on the runner `make` builds; a note when it cannot be built."""
