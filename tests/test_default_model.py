@@ -9,8 +9,6 @@ from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench.workloads import load_workload
 from verispec.lossless import compare_greedy
 
-pytestmark = pytest.mark.slow
-
 NEW_TOKENS = 24  # keeps the five backend x dtype suites inside the CI budget
 SPECS = [SpecConfig("ngram", k=4), SpecConfig("draft", k=3, draft="self:12"),
          SpecConfig("ngram", k=4, tree=12)]
@@ -27,12 +25,12 @@ def mixed_prompts() -> list[tuple[str, list[dict]]]:
 @pytest.mark.parametrize("backend, dtype, invariant", [
     ("hf", "fp32", False), ("hf", "bf16", False),
     ("native", "fp32", False), ("native", "bf16", False), ("native", "fp32", True)])
-def test_greedy_equality_on_default_model(backend, dtype, invariant):
+def test_greedy_equality_on_default_model(default_model, backend, dtype, invariant):
     """Native bf16, and native fp32 in batch-invariant mode, must be identical with
     no near-tie at all: their matmuls are row-invariant (AMX kernel; fixed 8-row
     tiles) and verispec's attention kernel computes each row alone, so each
     position's logits are bit-identical alone or inside a block."""
-    engine = Engine("default", dtype=dtype, backend=backend, batch_invariant=invariant)
+    engine = Engine(default_model, dtype=dtype, backend=backend, batch_invariant=invariant)
     prompts = mixed_prompts()
     assert len(prompts) == 20
     # All 20 prompts run on native bf16, asserted bit-identical. fp32 reads twice the bytes

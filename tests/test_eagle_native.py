@@ -184,9 +184,8 @@ def test_tree_rows_equal_their_paths_fed_as_chains_bit_for_bit(target, heads, mo
             assert torch.equal(row, want)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tree", [0, 6])
-def test_sampled_output_follows_the_target_on_the_native_layer(tmp_path, tree):
+def test_sampled_output_follows_the_target_on_the_native_layer(tmp_path, tree, full_size_runs):
     """2000 seeded three-token requests on a vocab-8 bf16 native target at T = 2,
     a random head drafting on the native layer (two tokens, or a 6-node tree):
     the first and second tokens pass chi-square against the target's exact
@@ -194,7 +193,7 @@ def test_sampled_output_follows_the_target_on_the_native_layer(tmp_path, tree):
     target = _bf16_native(tmp_path / "target", seed=11, layers=1, vocab=8)
     head = str(random_head(tmp_path / "head", "eagle", target, seed=1))
     assert load_head(head, "eagle", target).module._fused is not None
-    prompt, temperature, runs = [1, 2, 3], 2.0, 2000
+    prompt, temperature, runs = [1, 2, 3], 2.0, 2 * full_size_runs
     options = {"tree": tree, "tree_branch": 3} if tree else {}
     counts, drafted, accepted = _first_two_counts(
         Engine(target), prompt, SpecConfig("eagle", k=2, head=head, **options), temperature, runs)
@@ -203,8 +202,7 @@ def test_sampled_output_follows_the_target_on_the_native_layer(tmp_path, tree):
     assert _worst_pvalue(counts, marginals, runs) > 1e-3
 
 
-@pytest.mark.slow
-def test_draft_rows_in_the_targets_blocks_give_the_dense_rows_logits():
+def test_draft_rows_in_the_targets_blocks_give_the_dense_rows_logits(default_model):
     """The default model's LM head is its tied Q8_0 embedding: the draft
     vocabulary's rows packed in those blocks give bit for bit the logits of
     the same rows dequantized to bf16, at about half the bytes."""
@@ -212,7 +210,7 @@ def test_draft_rows_in_the_targets_blocks_give_the_dense_rows_logits():
     from verispec.heads.target_parts import target_parts
     from verispec.models.loading import load_target
 
-    target = load_target("default").target
+    target = load_target(default_model).target
     parts = target_parts(target)
     if parts.quant_rows is None:
         pytest.skip("the default model's LM head is not quantized here")

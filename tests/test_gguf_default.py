@@ -54,17 +54,17 @@ def test_weights_selection_errors(tmp_path):
         loading.load_target(None, backend="hf", weights="quant")
 
 
-def test_auto_takes_dense_where_quant_cannot_run():
-    loaded = loading.load_target(None, dtype="fp32")
+def test_auto_takes_dense_where_quant_cannot_run(default_model):
+    loaded = loading.load_target(default_model, dtype="fp32")
     assert loaded.weights == "dense" and loaded.target.dtype == torch.float32
 
 
 @pytest.mark.skipif(not kernels.available(), reason="kernels off on this CPU")
-def test_default_model_quant_logits_equal_dense_bf16():
+def test_default_model_quant_logits_equal_dense_bf16(default_model):
     """300 positions: a prefill, one-token steps and an 8-token verification block."""
-    quant = loading.load_target(None, weights="quant")
+    quant = loading.load_target(default_model, weights="quant")
     assert quant.weights == "quant" and quant.target.weights_kind == "quant"
-    dense = loading.load_target(None, dtype="bf16", weights="dense").target
+    dense = loading.load_target(default_model, dtype="bf16", weights="dense").target
     assert dense.weights_kind == "dense"
     ids = torch.tensor(quant.tokenizer.encode(PROMPT, add_special_tokens=False)[:300])
     assert ids.numel() == 300
@@ -90,26 +90,27 @@ def _logits_in_blocks(model, ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.skipif(not kernels.available() or not kernels.quant_i8_types(),
                     reason="no integer path on this CPU")
-def test_default_model_int8_path_is_row_invariant_and_close_to_dense():
+def test_default_model_int8_path_is_row_invariant_and_close_to_dense(default_model):
     """quant-i8's logits are its own, but a position's bits do not depend on how
     the positions around it were batched (what lossless speculation on it needs),
     and its greedy choice is the bf16 path's almost everywhere."""
-    i8 = loading.load_target(None, weights="quant-i8")
+    i8 = loading.load_target(default_model, weights="quant-i8")
     assert i8.weights == "quant-i8" and i8.target.weights_kind == "quant-i8"
     ids = torch.tensor(i8.tokenizer.encode(PROMPT, add_special_tokens=False)[:300])
     blocks = _logits_in_blocks(i8.target, ids)
     cache = i8.target.new_cache(512)
     singles = torch.cat([i8.target.forward(ids[i:i + 1], cache).logits for i in range(300)])
     assert torch.equal(blocks, singles)
-    bf16 = _logits_in_blocks(loading.load_target(None, weights="quant").target, ids)
+    bf16 = _logits_in_blocks(loading.load_target(default_model, weights="quant").target, ids)
     assert not torch.equal(blocks, bf16)  # the activations' rounding is real
     agree = (blocks.argmax(-1) == bf16.argmax(-1)).float().mean().item()
     assert agree >= AGREEMENT, agree
 
 
 @pytest.mark.skipif(not kernels.available(), reason="kernels off on this CPU")
-def test_cli_reports_the_weights_used():
-    base = [sys.executable, "-m", "verispec.cli", "generate", "--prompt", "Say hi.", "--chat",
+def test_cli_reports_the_weights_used(default_model):
+    base = [sys.executable, "-m", "verispec.cli", "generate", "--model", default_model,
+            "--prompt", "Say hi.", "--chat",
             "--max-new-tokens", "8", "--proposer", "none", "--k", "0"]
     texts = {}
     kinds = ["auto", "dense"] + (["quant-i8"] if kernels.quant_i8_types() else [])

@@ -84,7 +84,6 @@ def _grammar(schema: dict) -> Grammar:
     return Grammar("json_schema", json.dumps(schema))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(SCHEMAS)))
 def test_greedy_constrained_output_validates_and_equals_plain(engine, index):
     schema = SCHEMAS[index]
@@ -107,7 +106,6 @@ def test_hf_backend_constrained_equality(hf_engine):
         assert hf_engine.generate(PROMPTS[0], sampling, SPECS[name]).token_ids == want.token_ids
 
 
-@pytest.mark.slow
 def test_sampled_constrained_output_always_validates(engine):
     for index, schema in enumerate(SCHEMAS):
         for seed, prompt in enumerate(PROMPTS[:2]):
@@ -186,7 +184,6 @@ def _run(engine, request):
     return run_alone(engine.target, request)
 
 
-@pytest.mark.slow
 def test_default_model_fills_schemas(default_engine):
     """The default model, constrained, on real prompts: every answer validates."""
     cases = [

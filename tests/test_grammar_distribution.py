@@ -24,15 +24,12 @@ from test_head_equality import _first_two_counts
 from tokenizer_support import family_tokenizer
 from verispec import Engine, Grammar, SpecConfig
 
-pytestmark = pytest.mark.slow
-
 FREE = Grammar("regex", r"(the|he|t|[0-9])[a-e0-9]{1,2}")
 FORCED = Grammar("regex", r"x(the|he|h)[0-9]")  # "x" is forced: drafted one-hot
 TEMPERATURE = 2.0  # flattens the peaked tiny model, so every allowed token has mass
 # Raises the tokens the grammars use, for target and draft alike (processors apply
 # to both): a random draft then lands inside the grammar about half the time.
 BIAS, FAVOURED = 5.0, set("abcde0123456789thx") | {"he", "the"}
-RUNS = 800
 
 
 @pytest.fixture(scope="module")
@@ -100,18 +97,20 @@ SPECS = {"sampled-draft chain": SpecConfig("draft", k=2, draft="random"),
 @pytest.mark.parametrize("grammar, name", [(FREE, "sampled-draft chain"), (FREE, "n-gram tree"),
                                            (FORCED, "n-gram chain")],
                          ids=["free-sampled-draft", "free-ngram-tree", "forced-ngram"])
-def test_sampled_constrained_output_follows_the_constrained_target(engine, grammar, name):
+def test_sampled_constrained_output_follows_the_constrained_target(engine, grammar, name,
+                                                                  full_size_runs):
     prompt = _prompt(engine)
-    counts, drafted, accepted = _first_two_counts(engine, prompt, SPECS[name], TEMPERATURE, RUNS,
+    runs = full_size_runs
+    counts, drafted, accepted = _first_two_counts(engine, prompt, SPECS[name], TEMPERATURE, runs,
                                                   grammar=grammar, logit_bias=_bias(engine))
     marginals = constrained_marginals(engine, prompt, grammar)
     # Non-vacuity: drafts were verified, and the grammar leaves a real choice.
-    assert drafted >= RUNS // 2 and accepted > 0
+    assert drafted >= runs // 2 and accepted > 0
     assert (marginals[1] > 0.01).sum() >= 3
     assert fit(counts, marginals) > 1e-3
 
 
-def test_distribution_check_catches_unmasked_draft_probs(engine, monkeypatch):
+def test_distribution_check_catches_unmasked_draft_probs(engine, monkeypatch, full_size_runs):
     """Control: a draft cut before its first forbidden token follows the drafted
     distribution masked and renormalized; handing the verifier the unmasked one
     breaks the output distribution, and the check above sees it."""
@@ -119,7 +118,7 @@ def test_distribution_check_catches_unmasked_draft_probs(engine, monkeypatch):
 
     monkeypatch.setattr(engine_module, "masked_draft_probs", lambda probs, allowed: probs)
     prompt = _prompt(engine)
-    runs = 600
+    runs = full_size_runs
     counts, _, _ = _first_two_counts(engine, prompt, SPECS["sampled-draft chain"], TEMPERATURE,
                                      runs, grammar=FREE, logit_bias=_bias(engine))
     assert fit(counts, constrained_marginals(engine, prompt, FREE)) < 1e-6

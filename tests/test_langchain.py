@@ -15,11 +15,7 @@ from verispec.serving.protocol import ServeDefaults
 from verispec.serving.scheduler import SchedulerConfig
 from verispec.serving.server import ServerConfig, ServerThread, create_app
 
-langchain_openai = pytest.importorskip("langchain_openai")
-
 PLAIN = SpecConfig("none", k=0)
-pytestmark = pytest.mark.slow
-
 
 class Colour(BaseModel):
     """A colour and how it looks."""
@@ -28,7 +24,7 @@ class Colour(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def served(default_engine):
+def served(default_engine, langchain_openai):
     """The server, and the bodies it received (to see what each mode sent)."""
     # The server's default speculation (adaptive k up to 8): k follows measured step
     # times, so the drafts differ run to run, and every run must still validate.
@@ -47,9 +43,11 @@ def served(default_engine):
 
 
 def chat(served, **kwargs):
+    from langchain_openai import ChatOpenAI  # the fixture `served` skipped where it is missing
+
     server, _ = served
-    return langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="unused",
-                                       model="default", max_retries=0, **kwargs)
+    return ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="default",
+                      max_retries=0, **kwargs)
 
 
 def test_invoke_and_stream_equal_the_engine(default_engine, served):

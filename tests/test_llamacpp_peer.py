@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-
 from conftest import tiny_target
 from test_bench import ChatCharTokenizer, plan
 from verispec import Engine
@@ -30,13 +28,6 @@ def test_missing_llama_cpp_leaves_a_note(monkeypatch, tmp_path):
     assert "note: llamacpp-plain, llamacpp-pld skipped" in out.markdown
 
 
-@pytest.fixture(scope="module")
-def llama_cpp():
-    return pytest.importorskip(
-        "llama_cpp", reason="llama-cpp-python is not installed (optional extra verispec[llamacpp])")
-
-
-@pytest.mark.slow
 def test_llamacpp_peers_on_the_default_gguf(llama_cpp, default_engine, tmp_path):
     p = plan("--workload", "code-edit", "--limit", "1", "--proposer", "none",
              "--peers", "llamacpp-plain,llamacpp-pld", "--k", "3", "--max-new-tokens", "10")

@@ -46,8 +46,7 @@ def test_embedded_gguf_is_found_and_cached(default_dir, monkeypatch):
     assert loading.resolve_model_dir("default") == default_dir
 
 
-@pytest.mark.slow
-def test_gguf_conversion_from_scratch(tmp_path, monkeypatch, default_dir):
+def test_gguf_conversion_from_scratch(tmp_path, monkeypatch, default_dir, default_model):
     """Convert the shipped GGUF into an empty cache: same config and weights."""
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     fresh = loading.resolve_model_dir(None)

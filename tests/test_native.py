@@ -254,8 +254,7 @@ def _default_model_dir():
         pytest.skip(str(err))
 
 
-@pytest.mark.slow
-def test_default_model_matches_hf_fp32():
+def test_default_model_matches_hf_fp32(default_model):
     from verispec.models.loading import load_hf
 
     folder = _default_model_dir()
@@ -280,7 +279,6 @@ def test_default_model_matches_hf_fp32():
         nc.truncate(pos)
 
 
-@pytest.mark.slow
-def test_default_model_batch_invariant_bf16():
+def test_default_model_batch_invariant_bf16(default_model):
     native = NativeLlama.from_dir(_default_model_dir(), torch.bfloat16, batch_invariant=True)
     _check_batch_invariance(native, context=60, max_block=8)

@@ -58,22 +58,20 @@ def test_occurrences_count_every_match_of_the_longest_suffix():
     assert index.longest_match() == 3 and index.occurrences(2, 64) == [[6, 1], [6, 1]]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("proposer", ["ngram", "suffix"])
-def test_sampled_output_follows_the_target(proposer):
+def test_sampled_output_follows_the_target(proposer, full_size_runs):
     """1000 seeded three-token requests on a vocab-8 target at T = 2: the first and
     second tokens' marginals pass chi-square against the target's exact ones,
     and the drawn drafts are often accepted and often not."""
     target = tiny_target(11, layers=1, vocab=8)
-    runs, temperature = 1000, 2.0
+    runs, temperature = full_size_runs, 2.0
     spec = parse_spec(proposer=proposer, k=2, frequency_drafts=True, suffix_min_prob=0.0)
     counts, drafted, accepted = _first_two_counts(Engine(target), PROMPT, spec, temperature, runs)
     assert drafted >= runs and 0.1 * drafted < accepted < 0.9 * drafted
     assert _worst_pvalue(counts, _exact_marginals(target, PROMPT, temperature), runs) > 1e-3
 
 
-@pytest.mark.slow
-def test_distribution_check_catches_a_draft_not_drawn_from_its_row(monkeypatch):
+def test_distribution_check_catches_a_draft_not_drawn_from_its_row(monkeypatch, full_size_runs):
     """Control: the likeliest continuation proposed while the counts' row is reported
     as its draft distribution biases the output, and the check above sees it. (The
     reverse, a drawn token reported as one-hot, is lossless, only accepted less: a
@@ -88,7 +86,7 @@ def test_distribution_check_catches_a_draft_not_drawn_from_its_row(monkeypatch):
 
     monkeypatch.setattr(ngram_sampled, "frequency_chain", argmax_of_row)
     target = tiny_target(11, layers=1, vocab=8)
-    runs, temperature = 1000, 2.0
+    runs, temperature = full_size_runs, 2.0
     spec = parse_spec(proposer="ngram", k=2, frequency_drafts=True)
     counts, _, _ = _first_two_counts(Engine(target), PROMPT, spec, temperature, runs)
     assert _worst_pvalue(counts, _exact_marginals(target, PROMPT, temperature), runs) < 1e-6

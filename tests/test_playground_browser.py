@@ -16,8 +16,6 @@ from verispec.serving.protocol import ServeDefaults
 from verispec.serving.scheduler import SchedulerConfig
 from verispec.serving.server import ServerConfig, ServerThread, create_app
 
-pytestmark = pytest.mark.slow
-
 CHROMIUM = os.environ.get("VERISPEC_CHROMIUM", "/usr/bin/chromium")
 # Never `playwright install`: it downloads a browser. These flags keep Debian's
 # chromium off the network and quiet in a container.

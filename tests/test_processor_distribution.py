@@ -146,27 +146,24 @@ def fit(counts: np.ndarray, exact: np.ndarray) -> tuple[float, float]:
     return float(p), float(0.5 * np.abs(counts / runs - exact).sum())
 
 
-RUNS = 5_000
 # Chain with sampled draft probabilities and i.i.d. trees for every processor; a
 # deterministic (one-hot) proposer for the history-dependent two.
 MODES = [(name, mode) for name in CASES for mode in ("draft", "tree")] + [
     ("presence", "one-hot"), ("min_tokens", "one-hot")]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name,mode", MODES)
-def test_processed_sampling_is_lossless(name, mode):
+def test_processed_sampling_is_lossless(name, mode, full_size_runs):
     sampling = SamplingParams(temperature=1.0, **CASES[name])
     exact = exact_distribution(sampling)
     plain = exact_distribution(SamplingParams(temperature=1.0))
     # Non-vacuity: the processor really changes the distribution being tested.
     assert 0.5 * np.abs(exact - plain).sum() > 0.05
-    p, tv = fit(draw(sampling, RUNS, mode, seed=len(name) + len(mode)), exact)
+    p, tv = fit(draw(sampling, 5 * full_size_runs, mode, seed=len(name) + len(mode)), exact)
     assert p > 1e-3 and tv < 0.05, (p, tv)
 
 
-@pytest.mark.slow
-def test_distribution_check_catches_a_committed_only_history(monkeypatch):
+def test_distribution_check_catches_a_committed_only_history(monkeypatch, full_size_runs):
     """The bug class this guards against: verified rows penalized with the
     committed prefix only, ignoring the accepted drafts before them."""
     real = LogitProcessor.process
@@ -176,5 +173,5 @@ def test_distribution_check_catches_a_committed_only_history(monkeypatch):
 
     monkeypatch.setattr(LogitProcessor, "process", committed_only)
     sampling = SamplingParams(temperature=1.0, **CASES["presence"])
-    p, tv = fit(draw(sampling, RUNS, "draft", seed=3), exact_distribution(sampling))
+    p, tv = fit(draw(sampling, 5 * full_size_runs, "draft", seed=3), exact_distribution(sampling))
     assert p < 1e-6 and tv > 0.05, (p, tv)

@@ -88,8 +88,9 @@ def test_example_config_builds():
     assert {d.name for d in entry.deployments} == {"VerispecReplica", "VerispecIngress"}
 
 
-@pytest.mark.slow
-def test_cli_serves_and_shutdown_leaves_no_ray_process(model_dir, tmp_path):
+@pytest.fixture
+def ray_cli(model_dir, tmp_path):
+    """`verispec serve --ray` in its own process, up and healthy: (process, port)."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     log = open(tmp_path / "serve.log", "w")
@@ -98,7 +99,6 @@ def test_cli_serves_and_shutdown_leaves_no_ray_process(model_dir, tmp_path):
          "--model", str(model_dir), "--dtype", "fp32", "--backend", "hf", "--port", str(port),
          "--proposer", "ngram", "--log-level", "warning"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    started: set[int] = set()
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -110,17 +110,22 @@ def test_cli_serves_and_shutdown_leaves_no_ray_process(model_dir, tmp_path):
             except OSError:
                 pass
             time.sleep(1)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
-        got = client.completions.create(model=str(model_dir), prompt="one two one two",
-                                        max_tokens=5, temperature=0)
-        assert got.usage.completion_tokens == 5
-        started = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
-        assert len(started) >= 4  # gcs, raylet, the Serve controller, proxy, replicas...
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(90) == 0
+        yield proc, port
     finally:
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+def test_cli_serves_and_shutdown_leaves_no_ray_process(model_dir, ray_cli):
+    proc, port = ray_cli
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+    got = client.completions.create(model=str(model_dir), prompt="one two one two",
+                                    max_tokens=5, temperature=0)
+    assert got.usage.completion_tokens == 5
+    started = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert len(started) >= 4  # gcs, raylet, the Serve controller, proxy, replicas...
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(90) == 0
     left = wait_gone(started, 30)
     assert not left, [psutil.Process(p).cmdline()[:3] for p in left if psutil.pid_exists(p)]

@@ -23,7 +23,7 @@ from verispec.serving.ray_app import build_app
 from verispec.serving.scheduler import SchedulerConfig
 from verispec.serving.server import ServerConfig, ServerThread, create_app
 
-from ray_support import PREFIX, REPO, SETTINGS, descendants, free_port, get, post, small_model_dir, wait_gone
+from ray_support import PREFIX, SETTINGS, free_port, get, post, small_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -32,28 +32,18 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ray_app(model_dir):
-    """Two replicas behind the ingress on 127.0.0.1; torn down with every process it started."""
-    before = descendants()
+def ray_app(model_dir, ray_cluster):
+    """Two replicas behind the ingress on 127.0.0.1 (the cluster's teardown checks
+    that every process it started is gone)."""
     port = free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             object_store_memory=256 * 2**20, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app({**SETTINGS, "model": str(model_dir)}), name="verispec",
-                  route_prefix="/", blocking=False)
-        deadline = time.monotonic() + 180
-        while get_or_none(port, "/health") != 2:
-            assert time.monotonic() < deadline, "two replicas did not report in 180 s"
-            time.sleep(0.5)
-        yield port
-    finally:
-        started = descendants() - before
-        serve.shutdown()
-        ray.shutdown()
-        left = wait_gone(started, 30)
-        assert not left, f"Ray processes left after shutdown: {sorted(left)}"
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app({**SETTINGS, "model": str(model_dir)}), name="verispec",
+              route_prefix="/", blocking=False)
+    deadline = time.monotonic() + 180
+    while get_or_none(port, "/health") != 2:
+        assert time.monotonic() < deadline, "two replicas did not report in 180 s"
+        time.sleep(0.5)
+    return port
 
 
 def get_or_none(port: int, path: str):
@@ -85,7 +75,6 @@ PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown",
            "one two three one two three one two", "Summarize: Ray Serve scales replicas."]
 
 
-@pytest.mark.slow
 def test_greedy_outputs_equal_the_single_process_server(ray_app, single, model_dir):
     name = str(model_dir)
     for prompt in PROMPTS:
@@ -133,7 +122,6 @@ BAD = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("chat", [False, True])
 def test_bad_inputs_get_the_same_400_through_ray(ray_app, single, model_dir, chat):
     for body in BAD:
@@ -154,7 +142,6 @@ def test_bad_inputs_get_the_same_400_through_ray(ray_app, single, model_dir, cha
     assert status == 404 and json.loads(text)["error"]["message"]
 
 
-@pytest.mark.slow
 def test_health_and_metrics_cover_every_replica(ray_app, model_dir):
     for i in range(8):  # distinct short prompts: no affinity, spread by power of two
         post(ray_app, "/v1/completions", {"model": str(model_dir), "prompt": f"{i} {i}",
@@ -180,7 +167,6 @@ def replica_of(port: int, body: dict) -> str:
     return headers["x-verispec-replica"]
 
 
-@pytest.mark.slow
 def test_shared_long_prefix_goes_to_one_replica(ray_app, model_dir):
     name = str(model_dir)
     shared = "You are a careful assistant. Answer in one line. " * 2
@@ -198,7 +184,6 @@ def cancelled_count(port: int) -> float:
                            re.M).group(1))
 
 
-@pytest.mark.slow
 def test_client_disconnect_cancels_on_the_replica(ray_app, model_dir):
     time.sleep(1.0)
     before = cancelled_count(ray_app)
@@ -245,7 +230,6 @@ def replica_actor(unique_id: str):
     raise AssertionError(f"no actor for replica {unique_id}")
 
 
-@pytest.mark.slow
 def test_killing_a_replica_under_load(ray_app, single, model_dir):
     name = str(model_dir)
     body = {"model": name, "max_tokens": 440, "temperature": 0, "ignore_eos": True}

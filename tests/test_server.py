@@ -386,7 +386,6 @@ def test_disconnect_cancels_without_disturbing_others(engine, client, server):
     wait_drained(server)
 
 
-@pytest.mark.slow
 def test_default_model_served(default_engine):
     config = ServerConfig(("default",), ServeDefaults(proposer="ngram"),
                           SchedulerConfig(max_num_seqs=2))

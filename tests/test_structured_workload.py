@@ -84,7 +84,6 @@ def tiny_engine(tokenizer, tmp_path_factory):
     return Engine(target, tokenizer=tokenizer)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("index", [0])
 def test_forced_drafts_on_and_off_give_plain_greedy_output(tiny_engine, index):
     """A random model under a package-card / module-api schema: the keys are forced.
@@ -112,7 +111,6 @@ def test_forced_drafts_on_and_off_give_plain_greedy_output(tiny_engine, index):
     assert off.token_ids == want.token_ids and off.stats.grammar_forced == 0
 
 
-@pytest.mark.slow
 def test_short_default_model_bench_validates_and_equals_plain(default_engine):
     """The bench on the default model: every output parses and validates against its
     prompt's schema, and speculative output equals plain constrained greedy output."""

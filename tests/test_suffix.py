@@ -48,7 +48,6 @@ def test_greedy_equality_tiny(backend, tree, tiny, tiny_native):
             assert got.stats.accepted >= 24 and got.stats.tau > 3
 
 
-@pytest.mark.slow
 def test_greedy_equality_default_model(default_engine):
     engine = default_engine
     saved = engine.suffix_store
@@ -68,9 +67,8 @@ def test_greedy_equality_default_model(default_engine):
         engine.suffix_store = saved
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tree", [0, 6])
-def test_sampled_output_follows_the_target(tree):
+def test_sampled_output_follows_the_target(tree, full_size_runs):
     """1000 seeded three-token requests on a vocab-8 target at T = 2, drafting from a
     store whose outputs after the prompt branch several ways (and which learns every
     request's output as it goes): the first and second tokens' marginals pass
@@ -80,7 +78,7 @@ def test_sampled_output_follows_the_target(tree):
     rng = random.Random(5)
     for _ in range(40):
         engine.suffix_store.add([1, 2, 3, rng.randrange(8), rng.randrange(8)])
-    prompt, temperature, runs = [1, 2, 3], 2.0, 1000
+    prompt, temperature, runs = [1, 2, 3], 2.0, full_size_runs
     spec = SpecConfig("suffix", k=2, tree=tree, suffix_min_prob=0.0)
     counts, drafted, accepted = _first_two_counts(engine, prompt, spec, temperature, runs)
     assert drafted >= 2 * runs and 0.1 * runs < accepted < drafted

@@ -62,7 +62,6 @@ def test_a_tokenizer_without_chat_template_is_refused(tmp_path):
         sp.turn_prefix(Plain())
 
 
-@pytest.mark.slow
 def test_the_default_model_writes_usable_requests_and_they_are_cached(default_engine, tmp_path,
                                                                      monkeypatch):
     target, tokenizer = default_engine.target, default_engine.tokenizer
@@ -128,8 +127,7 @@ def test_self_written_and_built_prompts_interleave_in_proportion():
     assert interleave([1, 2], []) == [1, 2] and interleave([], [3]) == [3]
 
 
-@pytest.mark.slow
-def test_train_head_refuses_a_foreign_data_dir_before_writing_prompts(tmp_path):
+def test_train_head_refuses_a_foreign_data_dir_before_writing_prompts(default_model, tmp_path):
     """The data dir is claimed before the target writes any request: minutes of
     self-prompting must not precede a settings mismatch."""
     from verispec.cli import build_parser
@@ -137,7 +135,8 @@ def test_train_head_refuses_a_foreign_data_dir_before_writing_prompts(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "meta.json").write_text(json.dumps({"target": "other", "seed": 0}))
-    args = build_parser().parse_args(["train-head", "--type", "eagle", "--out", str(tmp_path / "o"),
+    args = build_parser().parse_args(["train-head", "--type", "eagle", "--target", default_model,
+                                      "--out", str(tmp_path / "o"),
                                       "--data", str(data), "--self-prompts", "1",
                                       "--tokens", "1000", "--no-progress"])
     with pytest.raises(ValueError, match="other settings"):

@@ -23,7 +23,7 @@ _BENCH_EPILOG = """\
 examples:
   verispec bench --workload chat,summarize --proposer none,ngram --peers hf-plain,hf-pld --limit 2
   verispec bench --workload all --proposer none,ngram,self:8 --k 4 --max-new-tokens 128
-  verispec bench --workload my_prompts.jsonl --proposer none,ngram,auto+tree=auto
+  verispec bench --workload my_prompts.jsonl --proposer none,ngram,ngram+auto
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
   verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
 
@@ -147,7 +147,6 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
     finally:
         if peers is not None:
             peers.close()
-    notes += report.rested(records, configs)
     rows = report.summarize(records, configs)
     sweeps = report.sweep(rows, configs) if plan.sweep else []
     broken = sum(r.vs_plain.mismatch for r in rows if r.kind != PEER)
@@ -259,10 +258,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                             "\"messages\" (a chat), and optionally \"id\"")
     bench.add_argument("--proposer", default="none,ngram",
                        help="comma list: none, ngram, self:L, draft, or a registered name, "
-                            "each with optional +tree=N (token tree), +tree=auto (tree budget "
-                            "and depth chosen per step), +auto (adaptive k) or, for eagle and "
-                            "medusa, +head=DIR (a trained head other than the shipped one), "
-                            "e.g. ngram+tree=16,ngram+auto,eagle+tree=auto,eagle+head=runs/eagle "
+                            "each with optional +tree=N (token tree), +auto (adaptive k) or, "
+                            "for eagle and medusa, +head=DIR (a trained head other than the "
+                            "shipped one), e.g. ngram+tree=16,ngram+auto,eagle+head=runs/eagle "
                             "(default none,ngram)")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per target pass (default 4)")
     bench.add_argument("--sweep-k", default=None, metavar="RANGE",

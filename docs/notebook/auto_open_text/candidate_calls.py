@@ -1,3 +1,4 @@
+# Ran at commit 0df871a (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """Per `auto` candidate: calls per step, milliseconds per call, share of the run's time, and
 how often it drafted, over the first 12 prompts of a workload (128 new tokens, greedy, one
 request at a time on the default model).

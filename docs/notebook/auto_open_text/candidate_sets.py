@@ -1,3 +1,4 @@
+# Ran at commit 37dd433 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """`auto` with its full candidate list against restricted lists (auto.CANDIDATES patched), plain
 decoding and suffix+auto, in one process, in alternating order for REPS rounds (wall and cpu
 medians), the first 12 prompts of $W (chat), 128 new tokens, --weights quant-i8, a cold store

@@ -1,3 +1,4 @@
+# Ran at commit b5ae18d (2026-12-02); kept as a record, not maintained: modules may have moved since.
 """How often auto chose or probed each candidate on open text, and how often the probe intervals were reset. `python dbg.py`."""
 import collections
 from verispec import Engine, SamplingParams

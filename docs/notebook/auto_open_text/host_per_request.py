@@ -1,3 +1,4 @@
+# Ran at commit 4626ba5 (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """The serving scheduler's measured host work per decoding request (cost.allocate's H) and
 its step-cost table, after each of three waves of 16 adaptive suffix requests on `chat`
 prompts (64 new tokens, default model, one scheduler in this process).

@@ -1,3 +1,4 @@
+# Ran at commit b5ae18d (2026-12-02); kept as a record, not maintained: modules may have moved since.
 """In-situ time of the policy pieces (perf_counter wrappers, per committed step) for one spec on the first 3 creative and chat prompts. `python insitu.py ngram+auto`."""
 import sys, time, collections, functools
 import verispec.plan as P, verispec.policy as Po, verispec.economics as E, verispec.acceptance as A, verispec.engine as En, verispec.request as R

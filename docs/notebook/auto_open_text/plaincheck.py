@@ -1,3 +1,4 @@
+# Ran at commit a9b2288 (2026-12-02); kept as a record, not maintained: modules may have moved since.
 """Plain decoding per token, greedy against sampled (T 0.7, top_p 0.9), 64 tokens with ignore_eos, the first 3 chat and creative prompts, 3 interleaved rounds. `OMP_NUM_THREADS=1 python plaincheck.py`."""
 import time, statistics
 from verispec import Engine, SamplingParams, SpecConfig

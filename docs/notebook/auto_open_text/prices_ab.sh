@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit dbd281a (2026-12-04); kept as a record, not maintained: modules may have moved since.
 # A/B (issue 20): dcbb217 against the working tree (auto's prices carried between requests),
 # `auto` cold, three interleaved rounds. Set up first: git worktree add /tmp/ab/base2 dcbb217
 cd /tmp/ab

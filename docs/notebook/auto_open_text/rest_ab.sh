@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit 37dd433 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 # A/B (issue 20): HEAD (1342781) against the working tree (auto's costly candidates rest
 # after a losing request), `auto` cold, interleaved rounds.
 # Set up first: git worktree add /tmp/ab/base3 1342781

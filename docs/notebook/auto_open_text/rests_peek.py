@@ -1,3 +1,4 @@
+# Ran at commit 37dd433 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Which of `auto`'s costly candidates rest after each request of one Engine (the debug log of
 auto_memory) on the first 12 prompts of a workload, --weights quant-i8.
 `OMP_NUM_THREADS=1 python rests_peek.py chat` (issue 20)."""

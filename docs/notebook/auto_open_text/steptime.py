@@ -1,3 +1,4 @@
+# Ran at commit dcbb217 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Per-step wall time by (candidate, k) and the host-side parts of a step (plan, draft, commit, after, observe, record), for one spec on the first 3 prompts of the given workloads. `python steptime.py auto creative,chat` (issue 20, auto on open text)."""
 import sys, time, collections, statistics
 from verispec import Engine, SamplingParams

@@ -1,3 +1,4 @@
+# Ran at commit 4cb7938 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Issue 20: what adaptive k chooses for `lookahead+auto` step by step, on the first 2 chat
 prompts (default model, 96 new tokens). Each step prints k (P: a scheduled probe), the
 controller's predicted rate of a k = 1 step over a plain one, and its alpha at depth 1.

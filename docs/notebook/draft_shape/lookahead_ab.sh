@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit 4cb7938 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 # A/B: the parent commit against the working tree (adaptive k prices a tree step at the
 # width it feeds, verispec/draft_shape.py), lookahead with adaptive k, interleaved rounds.
 # Set up first: git worktree add /tmp/ab/base4 <parent>

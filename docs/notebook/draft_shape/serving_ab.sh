@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit 3f6bc34 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 # Serving A/B (issue 20): the allocator before (4cb7938, chain pricing) and after (tree
 # shapes in Quote/Candidate), lookahead at 1, 4 and 16 streams, one round each, then
 # `auto` with the change. Set up first: git worktree add /tmp/ab/mid 4cb7938

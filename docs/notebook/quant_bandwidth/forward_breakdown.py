@@ -1,3 +1,4 @@
+# Ran at commit 15569a3 (2026-12-01); kept as a record, not maintained: modules may have moved since.
 import sys, time, statistics, torch
 sys.path.insert(0, sys.argv[2])
 from verispec import kernels

@@ -1,3 +1,4 @@
+# Ran at commit 4fb7f05 (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """How far --weights quant-i8's logits are from the exact (bf16) path's on the default model,
 over the 300 positions of tests/test_gguf_default.py: greedy agreement, the bf16 top-2 gap
 where they disagree, logit differences and the next-token distributions' total variation.

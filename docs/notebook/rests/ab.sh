@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit 143d13e (2026-12-04); kept as a record, not maintained: modules may have moved since.
 # A/B: the parent commit against the working tree (a costly proposer under adaptive k
 # rests after a request where its drafts lost time; host trims), interleaved rounds.
 # Set up first: git worktree add /tmp/ab/base5 <parent>

@@ -1,3 +1,4 @@
+# Ran at commit 143d13e (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Per (proposer, k) of the steps a spec took: count, forward and wall medians, wall relative
 to a plain step of the same run, tokens and nodes per step, on the first 6 prompts of $W
 (chat), default weights, 96 new tokens; then the run's tokens per second over plain steps'.

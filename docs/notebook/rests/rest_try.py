@@ -1,3 +1,4 @@
+# Ran at commit 143d13e (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Each request of a session on one Engine (6 prompts of a workload, twice), a spec against
 plain decoding: whether the spec's proposer rested, its tau, plain time over its time; the
 rests logged as they start. Asserts equal outputs.

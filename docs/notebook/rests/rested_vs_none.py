@@ -1,3 +1,4 @@
+# Ran at commit 143d13e (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """A rested request against plain decoding: the first 6 prompts of a workload (agentic), 96 new
 tokens, none / lookahead+auto / eagle+auto interleaved 3 times, the two costly proposers made to
 rest before every request; per-prompt ratio of median wall times, prefill and request build.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit 143d13e (2026-12-04); kept as a record, not maintained: modules may have moved since.
 # Serving A/B (issue 20): the parent commit against the working tree (rests), lookahead
 # at 1, 4 and 16 streams, 2 rounds each, base then new then new then base.
 # Set up first: git worktree add /tmp/ab/base5 <parent>

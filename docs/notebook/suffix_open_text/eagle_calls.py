@@ -1,3 +1,4 @@
+# Ran at commit 4e12389 (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """Rows caught up, draft length and seconds of every EAGLE call inside `auto` on 4 chat prompts.
 
     OMP_NUM_THREADS=1 python docs/notebook/suffix_open_text/eagle_calls.py

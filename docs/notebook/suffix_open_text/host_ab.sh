@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran at commit dcbb217 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 # A/B (issue 20, host work per step): the parent commit against the working tree, chat, the warm
 # integer-path store in /tmp/warm/i8store.npz, four interleaved rounds. Set up first:
 #   git worktree add /tmp/ab/head ffdf2a7

@@ -1,3 +1,4 @@
+# Ran at commit 143d13e (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Per-step host microseconds (means, and medians) of each spec, one process, `REPS` rounds (2):
 the plan, draft, feed, commit, after, observe and record parts of the run_alone loop (timed by
 auto_open_text/steptime.py), on the first $N (12) prompts of $W (chat), $NEW (128) new tokens,

@@ -1,3 +1,4 @@
+# Ran at commit 4e12389 (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """In-situ time of the adaptive-k policy's methods per step (perf_counter wrappers).
 
     OMP_NUM_THREADS=1 python docs/notebook/suffix_open_text/insitu_policy.py chat ngram

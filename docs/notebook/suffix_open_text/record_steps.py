@@ -1,3 +1,4 @@
+# Ran at commit dcbb217 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Record each step's (context, prompt length, k, shadow) of suffix+auto on the first 12 prompts of
 argv[1], --weights quant-i8, over $STORE, for replay_lookup.py.
 `STORE=i8store.npz python record_steps.py chat` writes steps_chat.pkl (issue 20)."""

@@ -1,3 +1,4 @@
+# Ran at commit 477e509 (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """Suffix drafts on open text without the clock (issue 20, docs/notebook/suffix_open_text.md).
 
 Greedy output is fixed, a suffix draft is a function of the context and the stores, and

@@ -1,3 +1,4 @@
+# Ran at commit dcbb217 (2026-12-04); kept as a record, not maintained: modules may have moved since.
 """Replay recorded steps (record_steps.py) through a SuffixProposer over a copy of $STORE: the
 evidence and draft lookups' microseconds a step, and every step's (evidence key, draft) pickled
 to argv[2] to compare two versions. THRASH_MB=150 streams that many MB between steps, as a

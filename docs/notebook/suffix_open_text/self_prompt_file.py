@@ -1,3 +1,4 @@
+# Ran at commit 4e12389 (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """A prompt file of N requests the default model writes itself (Magpie, as `train-head
 --self-prompts` makes them: verispec/training/self_prompts.py), for `warm-suffix --prompts`.
 

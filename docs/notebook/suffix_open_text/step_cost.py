@@ -1,3 +1,4 @@
+# Ran at commit 4e12389 (2026-12-03); kept as a record, not maintained: modules may have moved since.
 """Per-pass time split of plain, suffix (k 1, warm store) and ngram (k 1) on 4 chat prompts.
 
     OMP_NUM_THREADS=1 python docs/notebook/suffix_open_text/step_cost.py store.npz
