@@ -197,18 +197,26 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def round_ratios(row: dict) -> list[float]:
+    """llama.cpp's time over verispec's in each round, the two run back to back: above 1,
+    verispec decodes faster."""
+    return [ll / v for ll, v in zip(row["llamacpp_ms_all"], row["verispec_ms_all"])]
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| file | params | threads | verispec ms (CPU ms) | llama.cpp ms | verispec time / llama.cpp's "
+    lines = ["| file | params | threads | llama.cpp time / verispec's, median (rounds) "
+             "| verispec ms (CPU ms) | llama.cpp ms "
              "| T(2) | T(4) | T(8) | T(16) | same in CPU time: T(4), T(8), T(16) "
              "| peak RSS verispec | llama.cpp |", "|" + "---|" * 13]
     for r in sorted(rows, key=lambda r: (r["threads"], r["params_b"])):
         c, cc = r["curve"], r["curve_cpu"]
         tn = " | ".join(f"{c[n]:.2f}" if n in c else "-" for n in (2, 4, 8, 16))
         cpu = ", ".join(f"{cc[n]:.2f}" if n in cc else "-" for n in (4, 8, 16))
+        ratios = round_ratios(r)
         lines.append(f"| {r['file']} | {r['params_b']:.2f}B | {r['threads']} "
+                     f"| **{statistics.median(ratios):.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) "
                      f"| {r['verispec_ms']:.1f} ({r['verispec_cpu_ms']:.1f}) | {r['llamacpp_ms']:.1f} "
-                     f"| {r['verispec_ms'] / r['llamacpp_ms']:.2f}x | {tn} | {cpu} "
-                     f"| {r['verispec_rss_mib']} MiB | {r['llamacpp_rss_mib']} MiB |")
+                     f"| {tn} | {cpu} | {r['verispec_rss_mib']} MiB | {r['llamacpp_rss_mib']} MiB |")
     return "\n".join(lines)
 
 
@@ -284,8 +292,9 @@ def main() -> int:
             r[key] = {int(n): v for n, v in r[key].items()}
     earlier.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     plot(rows, args.out / "scale.png")
-    print("\nplain decode, wall ms per token (median of the rounds' means); T(n) = verispec's "
-          "n-token forward over its 1-token one, wall time")
+    print("\nplain decode by wall time: llama.cpp's ms per token over verispec's in each round "
+          "(median, and the rounds' range), each engine's median ms per token; T(n) = verispec's "
+          "n-token forward over its 1-token one, wall time\n")
     print(table(rows))
     if args.alphas_from:
         print("\n" + projection(rows, args.alphas_from, args.proposer, args.out))
