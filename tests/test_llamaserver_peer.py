@@ -1,14 +1,20 @@
 """The llama-server bench peers: found through the build's READY file or the environment,
-a note with the build command when missing, and (slow, with a built binary) greedy runs
-on the default GGUF over HTTP, its speculation checked against its own plain run."""
+a note with the build command when missing, the requests they send and the answers they
+read, a clear error when the binary cannot start or the server dies; and, where
+scripts/build_llama_cpp.sh built it (the `llama_server` fixture: slow, skipped in CI),
+greedy runs on the default GGUF over HTTP, its speculation checked against its own plain
+run."""
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import tempfile
 
 import pytest
 
-from conftest import tiny_target
+from conftest import VOCAB, tiny_target
+from gguf_support import TinyShape, write_tiny_gguf
 from test_bench import ChatCharTokenizer, plan
 from verispec import Engine
 from verispec.bench import bench_cli, llamaserver
@@ -74,26 +80,104 @@ def test_each_peer_gets_its_spec_type_and_the_draft_needs_a_gguf(monkeypatch, tm
     assert "llamaserver-draft skipped" in p.notes[0] and "self-style" in p.notes[0]
 
 
-@pytest.fixture(scope="module")
-def server_binary():
-    binary = llamaserver.find_tool()
-    if binary is None:
-        pytest.skip(f"no llama-server binary: {llamaserver.BUILD_HINT}")
-    return binary
+def test_a_request_asks_for_the_ids_greedily_with_no_cache_and_no_other_sampler():
+    body = llamaserver.completion_body([5, 6, 7], SamplingParams(max_new_tokens=9), 9)
+    assert body["prompt"] == [5, 6, 7] and body["n_predict"] == 9 and body["temperature"] == 0.0
+    assert body["cache_prompt"] is False and body["return_tokens"] is True
+    assert body["ignore_eos"] is False and body["n_probs"] == 0 and "top_k" not in body
+    # Its samplers that verispec's greedy or sampled decoding does not have are off.
+    assert body["repeat_penalty"] == 1.0 and body["dry_multiplier"] == 0.0
+    assert body["min_p"] == 0.0 and body["xtc_probability"] == 0.0 and body["top_n_sigma"] == -1.0
+    sampled = SamplingParams(max_new_tokens=4, temperature=0.7, top_k=20, top_p=0.9, seed=3,
+                             ignore_eos=True)
+    body = llamaserver.completion_body([1], sampled, 4, n_probs=20)
+    assert (body["temperature"], body["top_k"], body["top_p"], body["seed"]) == (0.7, 20, 0.9, 3)
+    assert body["ignore_eos"] is True and body["n_probs"] == 20
+    assert llamaserver.completion_body([1], SamplingParams(temperature=0.7), 4)["top_k"] == 0
 
 
-@pytest.mark.slow
-def test_every_draftless_type_exists_in_the_built_server(server_binary):
-    import subprocess
+# Two answers of llama-server 0c1e57098 to /completion on the default GGUF, trimmed to the
+# fields the peer reads and a few it does not: a plain one with n_probs 2 that reached
+# n_predict, and a speculative one that ended on the end-of-sequence token.
+_PLAIN_ANSWER = {
+    "index": 0, "content": " friendly AI assistant", "tokens": [7952, 5646, 11173], "stop": True,
+    "stop_type": "limit", "stopping_word": "", "tokens_predicted": 3, "tokens_evaluated": 6,
+    "timings": {"cache_n": 0, "prompt_n": 6, "prompt_ms": 45.353, "predicted_n": 3,
+                "predicted_ms": 28.496, "predicted_per_second": 70.185},
+    "completion_probabilities": [
+        {"id": 7952, "token": " friendly", "logprob": -2.577, "top_logprobs": [
+            {"id": 7952, "token": " friendly", "logprob": -2.577},
+            {"id": 33011, "token": " cunning", "logprob": -2.896}]},
+        {"id": 5646, "token": " AI", "logprob": -0.815, "top_logprobs": [
+            {"id": 5646, "token": " AI", "logprob": -0.815},
+            {"id": 284, "token": " and", "logprob": -1.124}]},
+        {"id": 11173, "token": " assistant", "logprob": -0.909, "top_logprobs": [
+            {"id": 11173, "token": " assistant", "logprob": -0.909},
+            {"id": 281, "token": " in", "logprob": -2.356}]}],
+}
+_SPEC_ANSWER = {
+    "tokens": [30, 1812, 47, 2], "stop": True, "stop_type": "eos",
+    "timings": {"prompt_n": 6, "prompt_ms": 43.184, "predicted_n": 4, "predicted_ms": 40.5,
+                "draft_n": 6, "draft_n_accepted": 2},
+}
 
-    help_text = subprocess.run([str(server_binary), "--help"], capture_output=True, text=True).stdout
+
+def test_an_answer_is_read_as_llama_server_writes_it():
+    plain = llamaserver.parse_completion(_PLAIN_ANSWER, seconds=0.1, cpu_seconds=0.09)
+    assert plain.token_ids == [7952, 5646, 11173] and plain.finish_reason == "length"
+    assert plain.prefill_seconds == pytest.approx(0.045353)
+    assert plain.decode_seconds == pytest.approx(0.028496)
+    assert (plain.seconds, plain.cpu_seconds, plain.drafted, plain.accepted) == (0.1, 0.09, None, None)
+    assert plain.top_logprobs[0] == {7952: -2.577, 33011: -2.896} and len(plain.top_logprobs) == 3
+    spec = llamaserver.parse_completion(_SPEC_ANSWER, seconds=0.1, cpu_seconds=0.1)
+    assert spec.finish_reason == "stop" and spec.token_ids[-1] == 2
+    assert (spec.drafted, spec.accepted) == (6, 2) and spec.top_logprobs == []
+
+
+def _no_log_left(tmp_path) -> None:
+    assert not list(tmp_path.glob("llama-server-*.log"))
+
+
+def test_a_binary_that_cannot_start_or_exits_while_loading_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the server logs go
+    with pytest.raises(ValueError, match="cannot start llama-server .*No such file") as missing:
+        llamaserver.LlamaServer(tmp_path / "no-such-llama-server", ["-m", "x.gguf"])
+    assert "scripts/build_llama_cpp.sh" in str(missing.value)
+    not_executable = tmp_path / "llama-server"
+    not_executable.write_text("#!/bin/sh\n")
+    with pytest.raises(ValueError, match="cannot start llama-server .*Permission denied"):
+        llamaserver.LlamaServer(not_executable, [])
+    _no_log_left(tmp_path)
+    # A process that fails while loading: its exit code and its last words, then no log left.
+    failing = tmp_path / "failing-server"
+    failing.write_text("#!/bin/sh\necho \"error: failed to load model '$2'\"\nexit 3\n")
+    failing.chmod(failing.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(ValueError, match="exited with code 3 while loading") as failed:
+        llamaserver.LlamaServer(failing, ["-m", "x.gguf"])
+    assert "failed to load model 'x.gguf'" in str(failed.value)
+    _no_log_left(tmp_path)
+
+
+def test_a_gguf_of_another_vocabulary_is_refused(tmp_path):
+    gguf = write_tiny_gguf(tmp_path / "other.gguf", shape=TinyShape(vocab=VOCAB + 4),
+                           vocab_strings=True)
+    with pytest.raises(ValueError, match=f"{VOCAB + 4} tokens and the target {VOCAB}"):
+        llamaserver.LlamaServerPeers(gguf, tiny_target(0, layers=1), binary=tmp_path / "unused")
+    same = write_tiny_gguf(tmp_path / "same.gguf", shape=TinyShape(vocab=VOCAB), vocab_strings=True)
+    peers = llamaserver.LlamaServerPeers(same, tiny_target(0, layers=1), threads=1,
+                                         binary=tmp_path / "unused")
+    with pytest.raises(ValueError, match="unknown llama-server peer"):
+        peers.server("llamaserver-medusa", 64)
+
+
+def test_every_draftless_type_exists_in_the_built_server(llama_server):
+    help_text = subprocess.run([str(llama_server), "--help"], capture_output=True, text=True).stdout
     spec_line = next(line for line in help_text.splitlines() if "--spec-type" in line)
     for spec_type in llamaserver.DRAFTLESS:
         assert spec_type in spec_line
 
 
-@pytest.mark.slow
-def test_llamaserver_peers_on_the_default_gguf(server_binary, default_engine, tmp_path):
+def test_llamaserver_peers_on_the_default_gguf(llama_server, default_engine, tmp_path):
     p = plan("--workload", "code-edit", "--limit", "1", "--proposer", "none",
              "--peers", "llamaserver-plain,llamaserver-ngram-simple", "--max-new-tokens", "12")
     plain_cfg, spec_cfg = p.configs[1:]
@@ -131,9 +215,18 @@ def test_llamaserver_peers_on_the_default_gguf(server_binary, default_engine, tm
     assert record.decode_tokens_per_s and record.cpu_seconds
 
 
-@pytest.mark.slow
-def test_a_bad_model_file_fails_with_the_servers_own_words(server_binary, tmp_path):
+def test_a_bad_model_file_or_a_dead_server_fails_with_the_servers_own_words(llama_server,
+                                                                          tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + os.urandom(64))
     with pytest.raises(ValueError, match="exited with code"):
-        llamaserver.LlamaServer(server_binary, ["-m", str(broken)])
+        llamaserver.LlamaServer(llama_server, ["-m", str(broken)])
+    server = llamaserver.LlamaServer(llama_server, llamaserver.server_args(
+        default_gguf_path(), llamaserver.PLAIN, 1, 256))
+    body = llamaserver.completion_body([1, 9690, 198], SamplingParams(max_new_tokens=2), 2)
+    assert len(llamaserver.complete(server, body).token_ids) <= 2
+    server.proc.kill()
+    server.proc.wait()
+    with pytest.raises(ValueError, match="no answer .*it has exited with code -9"):
+        server.post("/completion", body)
+    server.close()

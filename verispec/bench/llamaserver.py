@@ -114,11 +114,19 @@ class LlamaServer:
         # A passive OpenMP wait makes llama.cpp's threads sleep between graph nodes, several
         # times slower (docs/quantized.md); the bench's own setting is not the server's.
         env.pop("OMP_WAIT_POLICY", None)
-        port = self.url.rsplit(":", 1)[1]
-        self.proc = subprocess.Popen([str(binary), *args, "--host", "127.0.0.1", "--port", port],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        command = [str(binary), *args, "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1]]
+        try:
+            self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        except OSError as exc:
+            self._drop_log()
+            raise ValueError(f"cannot start llama-server {binary}: {exc.strerror}; "
+                             f"{BUILD_HINT}") from None
         self._finalizer = weakref.finalize(self, _stop, self.proc)
         self._wait_healthy()
+
+    def _drop_log(self) -> None:
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
 
     def _tail(self, lines: int = 15) -> str:
         text = Path(self.log.name).read_text(errors="replace").splitlines()
@@ -128,8 +136,10 @@ class LlamaServer:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                tail = self._tail()
+                self.close()
                 raise ValueError(f"llama-server exited with code {self.proc.returncode} "
-                                 f"while loading:\n{self._tail()}")
+                                 f"while loading:\n{tail}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
                     if resp.status == 200:
@@ -137,8 +147,9 @@ class LlamaServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass  # not listening yet, or 503 while the model loads
             time.sleep(0.1)
+        tail = self._tail()
         self.close()
-        raise ValueError(f"llama-server did not come up in {_START_TIMEOUT_S:.0f} s:\n{self._tail()}")
+        raise ValueError(f"llama-server did not come up in {_START_TIMEOUT_S:.0f} s:\n{tail}")
 
     def cpu_seconds(self) -> float:
         """User plus system time of the server's threads so far (/proc, in clock ticks)."""
@@ -154,10 +165,15 @@ class LlamaServer:
         except urllib.error.HTTPError as exc:
             raise ValueError(f"llama-server {path}: HTTP {exc.code}: "
                              f"{exc.read().decode(errors='replace')[:500]}") from None
+        except (urllib.error.URLError, ConnectionError) as exc:
+            state = (f"it has exited with code {self.proc.returncode}"
+                     if self.proc.poll() is not None else "it is still running")
+            raise ValueError(f"llama-server {path}: no answer ({exc}); {state}:\n"
+                             f"{self._tail()}") from None
 
     def close(self) -> None:
         self._finalizer()
-        Path(self.log.name).unlink(missing_ok=True)
+        self._drop_log()
 
 
 @dataclass(frozen=True)
@@ -191,19 +207,26 @@ def completion_body(ids: list[int], sampling: SamplingParams, n_predict: int,
     return body
 
 
+def parse_completion(answer: dict, seconds: float, cpu_seconds: float) -> ServerRun:
+    """A /completion answer (JSON) as a ServerRun: the generated ids, why it stopped (its
+    `stop_type` "eos", or a length), the server's prefill and decode times, its draft
+    counts when it speculated and the top log-probabilities when `n_probs` asked for them."""
+    timings = answer.get("timings", {})
+    probs = [{int(p["id"]): float(p["logprob"]) for p in step.get("top_logprobs", [])}
+             for step in answer.get("completion_probabilities", [])]
+    return ServerRun([int(t) for t in answer["tokens"]],
+                     "stop" if answer.get("stop_type") == "eos" else "length", seconds,
+                     cpu_seconds, timings.get("prompt_ms", 0.0) / 1e3,
+                     timings.get("predicted_ms", 0.0) / 1e3, timings.get("draft_n"),
+                     timings.get("draft_n_accepted"), probs)
+
+
 def complete(server: LlamaServer, body: dict) -> ServerRun:
     cpu = server.cpu_seconds()
     start = time.perf_counter()
-    out = server.post("/completion", body)
+    answer = server.post("/completion", body)
     seconds = time.perf_counter() - start
-    cpu = server.cpu_seconds() - cpu
-    timings = out.get("timings", {})
-    probs = [{int(p["id"]): float(p["logprob"]) for p in step.get("top_logprobs", [])}
-             for step in out.get("completion_probabilities", [])]
-    return ServerRun([int(t) for t in out["tokens"]],
-                     "stop" if out.get("stop_type") == "eos" else "length", seconds, cpu,
-                     timings.get("prompt_ms", 0.0) / 1e3, timings.get("predicted_ms", 0.0) / 1e3,
-                     timings.get("draft_n"), timings.get("draft_n_accepted"), probs)
+    return parse_completion(answer, seconds, server.cpu_seconds() - cpu)
 
 
 def server_args(gguf: Path, peer: str, threads: int, n_ctx: int,
