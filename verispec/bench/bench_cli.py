@@ -26,6 +26,7 @@ examples:
   verispec bench --workload my_prompts.jsonl --proposer none,ngram,ngram+auto
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
   verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
+  verispec bench --workload chat --proposer none,ngram --peers llamaserver-plain,llamaserver-ngram-mod
 
 proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 (the target's first L layers as draft), draft (--draft PATH), or any registered
@@ -37,8 +38,9 @@ llamacpp-plain, llamacpp-pld (llama.cpp on the GGUF file, when the optional
 llama-cpp-python is installed: pip install 'verispec[llamacpp]'; skipped with a
 note otherwise) and llamaserver-plain, llamaserver-ngram-mod, -ngram-simple,
 -ngram-map-k, -ngram-map-k4v, -ngram-cache, -draft (llama.cpp's own llama-server
-in its own process over HTTP, at verispec's thread count; build it with
-scripts/build_llama_cpp.sh, or set VERISPEC_LLAMA_SERVER). llama.cpp quantizes
+in its own process over HTTP, at verispec's thread count; build it once with
+scripts/build_llama_cpp.sh and set VERISPEC_LLAMA_CPP_DIR to its --dir, or set
+VERISPEC_LLAMA_SERVER to a binary; docs/benchmarks.md). llama.cpp quantizes
 its activations to 8 bits, a different function, so its speculative runs are
 checked against its own plain run only.
 """
@@ -275,7 +277,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                             "llamaserver-draft (llama-server over HTTP), or none "
                             "(default hf-plain)")
     bench.add_argument("--draft", default=None, metavar="PATH",
-                       help="draft model for proposer 'draft' and hf-assisted (a path, or self:L)")
+                       help="draft model for proposer 'draft' and hf-assisted (a path, or self:L); "
+                            "llamaserver-draft needs a .gguf with the target's vocabulary")
     bench.add_argument("--max-new-tokens", type=int, default=128,
                        help="cap on generated tokens per prompt (default 128)")
     bench.add_argument("--limit", type=int, default=None, metavar="N",
