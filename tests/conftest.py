@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,6 +75,7 @@ SLOW_FIXTURES = {
     "llama_server": "the llama.cpp peer (llama-server)",
     "langchain_openai": "LangChain",
     "full_size_runs": "a distribution test at full size",
+    "whole_script": "a whole script run end to end",
 }
 
 
@@ -83,6 +85,12 @@ def pytest_collection_modifyitems(config, items):
         uses = sorted({SLOW_FIXTURES[name] for name in item.fixturenames if name in SLOW_FIXTURES})
         if uses:
             item.add_marker(pytest.mark.slow(reason=", ".join(uses)))
+
+
+@pytest.fixture(scope="session")
+def whole_script() -> Path:
+    """The repository root, for a test that runs one of its scripts end to end (minutes)."""
+    return Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from verispec.lossless import compare_greedy
 from verispec.models.hf import HFModel
 from verispec.models.llama import NativeLlama
 from verispec.models.native_gguf import native_from_gguf
+from verispec.models.static_llama import StaticLlama
 
 PROMPTS = [[3, 17, 4, 9, 3, 17, 4], [42], list(range(10, 40)), [7, 7, 7, 7, 8, 7, 7, 7]]
 SPECS = {
@@ -64,12 +65,15 @@ def tiny_dense_bf16(tiny_gguf):
     return NativeLlama.from_dir(tiny_gguf.parent / "ref", torch.bfloat16)
 
 
-@pytest.fixture(scope="module", params=["hf", "native", "quant", "quant-i8"])
+@pytest.fixture(scope="module", params=["hf", "native", "static", "quant", "quant-i8"])
 def target(request, tiny, tiny_native):
-    """The same tiny weights on each backend, and a tiny GGUF run quantized, on
-    the bf16 and the integer path: every suite below runs on all four."""
+    """The same tiny weights on each backend (static: the CUDA path's fixed-width
+    steps, run on CPU), and a tiny GGUF run quantized, on the bf16 and the integer
+    path: every suite below runs on all five."""
     if request.param in ("quant", "quant-i8"):
         return request.getfixturevalue("tiny_" + request.param.replace("-", "_"))
+    if request.param == "static":
+        return StaticLlama.from_native(tiny_native, width=8)
     return tiny if request.param == "hf" else tiny_native
 
 

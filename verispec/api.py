@@ -210,6 +210,9 @@ class Engine:
         """A step-wise request over token ids (see `request.SpecRequest`): what the
         single-request loop and the serving scheduler both drive."""
         validate_prompt(self.target, ids, sampling)
+        check = getattr(self.target, "row_check", None)  # the CUDA path's start-up self-check
+        if check is not None and not check.ok and spec.proposer != "none":
+            raise ValueError(check.refusal())
         generator = make_generator(sampling.seed, self.target.device)
         proposer = proposers.build(ProposerSetup(
             self.target, spec, sampling, generator,
@@ -276,10 +279,12 @@ class Engine:
             logits = self.target.forward(torch.tensor(ids[:-1]), cache,
                                          num_logits=len(ids) - 1).logits  # [n - 1, vocab]
         rows = logprob_rows(logits, SamplingParams())  # [n - 1, vocab]
-        picked = rows.gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1).tolist()
+        picked = rows.gather(-1, torch.tensor(ids[1:], device=rows.device)[:, None])
+        picked = picked.squeeze(-1).tolist()
         tops = rows.topk(top, dim=-1) if top else None
+        top_ids = tops.indices.tolist() if top else [[]] * len(picked)  # one read each
+        top_values = tops.values.tolist() if top else [[]] * len(picked)
         out: list[TokenLogprob | None] = [None]
-        for i, (token, value) in enumerate(zip(ids[1:], picked)):
-            best = tuple(zip(tops.indices[i].tolist(), tops.values[i].tolist())) if top else ()
-            out.append(TokenLogprob(token, value, best))
+        for token, value, ids_i, values_i in zip(ids[1:], picked, top_ids, top_values):
+            out.append(TokenLogprob(token, value, tuple(zip(ids_i, values_i))))
         return out

@@ -25,7 +25,7 @@ from .models.base import BatchItem, ForwardOutput, TargetModel
 from .processors import LogitProcessor, TokenLogprob, chain_ancestry, token_logprobs
 from .proposers.base import Proposal, VerifiedRows
 from .rejection import Verdict, verify_greedy, verify_sampling, verify_typical
-from .sampling import ProbRows, logits_to_probs
+from .sampling import ProbRows, greedy_tokens, logits_to_probs
 from .stopping import Stopper
 from .token_tree import ROOT
 from .tree import TreeFeed, tree_ancestry, tree_feed, tree_finish
@@ -126,7 +126,9 @@ def shape_draft(seq: Sequence, proposal: Proposal, depth: int) -> Draft:
         tree = proposal.tree.trimmed(max_depth=depth, max_nodes=room_nodes)
         return Draft(torch.empty(0, dtype=torch.long), tree=tree_feed(seq.cache.length,
                                                                        seq.tokens, tree))
-    chain = proposal.tokens[:depth].to(torch.long)
+    # On the host: the engine feeds and verifies drafts from there (a model-drafted
+    # chain on a GPU costs this one copy per step).
+    chain = proposal.tokens[:depth].to("cpu", torch.long)
     probs = proposal.draft_probs[:depth] if proposal.draft_probs is not None else None
     allowed = None
     if seq.constraint is not None:
@@ -166,6 +168,7 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, rows: bool = False) 
     argmax at every fed row (`Proposer.reads_rows`) when drafts were fed; a plain step's
     one row is the committed token's, which the context already holds."""
     tokens, parents = draft.nodes
+    device_rows = None  # [accepted, argmax of every row] when the forward computed them
     if draft.tree is not None:
         fed = draft.tree
         ancestry = tree_ancestry(fed) if seq.processor.active else None
@@ -186,7 +189,9 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, rows: bool = False) 
                                        ancestry)  # [k + 1, vocab]
         if draft.allowed is not None:
             logits = apply_mask(logits, draft.allowed)
-        verdict = _verify_chain(chain, draft.draft_probs, logits, seq)
+        if out.greedy is not None and logits is out.logits and seq.sampling.greedy:
+            device_rows = out.greedy.tolist()  # the forward's own verdict: one host sync
+        verdict = _verify_chain(chain, draft.draft_probs, logits, seq, device_rows)
         # Roll back the rejected drafts: keep the fed token and the accepted ones.
         seq.cache.truncate(len(seq.tokens) + verdict.num_accepted)
         hidden = tuple(h[: verdict.num_accepted + 1] for h in out.hidden)
@@ -208,7 +213,8 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, rows: bool = False) 
         seq.constraint.commit(committed)
     verified = None
     if rows and tokens:
-        verified = VerifiedRows(tokens, parents, logits.argmax(dim=-1).tolist(), committed)
+        next_tokens = device_rows[1:] if device_rows is not None else greedy_tokens(logits)
+        verified = VerifiedRows(tokens, parents, next_tokens, committed)
     # Cut with the tokens: nothing past EOS, a stop string or max_new_tokens (vLLM #47616).
     return Committed(committed, verdict.num_accepted, len(tokens),
                      leaf=draft.tree is not None and verdict.bonus, bonus=verdict.bonus,
@@ -218,9 +224,10 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, rows: bool = False) 
 
 
 def _verify_chain(drafts: torch.Tensor, draft_probs: torch.Tensor | None,
-                  target_logits: torch.Tensor, seq: Sequence) -> Verdict:
+                  target_logits: torch.Tensor, seq: Sequence,
+                  device_rows: list[int] | None = None) -> Verdict:
     if seq.sampling.greedy:
-        return verify_greedy(drafts, target_logits)
+        return verify_greedy(drafts, target_logits, device_rows)
     if seq.lossy_typical:  # opt-in (SpecConfig.lossy_typical); the request's stats say lossy
         return verify_typical(drafts, logits_to_probs(target_logits, seq.sampling), seq.generator)
     # Rows computed as the verifier reads them: none past the first rejection.

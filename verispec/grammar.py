@@ -235,6 +235,8 @@ def apply_mask(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     allowed = allowed.to(logits.device)
     masked = logits.float().masked_fill(~allowed, float("-inf"))
     dead = torch.isneginf(masked).all(-1)  # [R]
+    if logits.device.type != "cpu":  # no host sync to ask whether a row is dead
+        return torch.where(dead[:, None], torch.where(allowed, 0.0, float("-inf")), masked)
     if bool(dead.any()):
         masked[dead] = torch.where(allowed[dead], 0.0, float("-inf"))
     return masked
@@ -265,7 +267,7 @@ def constrained_proposal(constraint: Constraint, proposer, ctx, budget: int):
         Proposal.empty()
     if inner.tree is not None:
         inner = _first_path(inner.tree)
-    tokens = torch.cat([torch.tensor(forced, dtype=torch.long), inner.tokens.to(torch.long)])
+    tokens = torch.cat([torch.tensor(forced, dtype=torch.long), inner.tokens.to("cpu", torch.long)])
     probs = None
     if inner.draft_probs is not None:
         one_hot = torch.nn.functional.one_hot(torch.tensor(forced, dtype=torch.long),

@@ -71,7 +71,9 @@ class StaticKVCache:
         nodes were forwarded at RoPE positions start + depth, so the compacted cache
         equals one built by forwarding the kept tokens alone as a chain.
         """
-        keep = keep.to(device=self.kv.device, dtype=torch.long).flatten()
+        # Checked on the host (the tree's indices come from there), then moved once:
+        # on a GPU each check of a device tensor would be a sync.
+        keep = keep.to(device="cpu", dtype=torch.long).flatten()
         count = keep.numel()
         if not 0 <= start <= self._length:
             raise ValueError(f"compact start {start} outside the cached range [0, {self._length}]")
@@ -84,7 +86,7 @@ class StaticKVCache:
                 raise ValueError("compact needs strictly increasing indices")
             # index_select gathers into a fresh tensor first, so sources that the
             # write overlaps are read before they are overwritten.
-            kept = self.kv.index_select(3, keep)  # [layers, 2, kv_heads, count, head_dim]
+            kept = self.kv.index_select(3, keep.to(self.kv.device, non_blocking=True))
             self.kv[:, :, :, start:start + count] = kept
         self._length = start + count
 

@@ -31,10 +31,16 @@ class Verdict:
     bonus: bool  # True when every draft was accepted and tokens[-1] is a bonus token
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor,
+                  device_verdict: list[int] | None = None) -> Verdict:
     """Accept the longest prefix equal to the target's argmax, then emit the
-    target's own token. draft_tokens: [k]; target_logits: [k + 1, vocab]."""
+    target's own token. draft_tokens: [k]; target_logits: [k + 1, vocab];
+    `device_verdict`: the forward's own verdict on these logits, read
+    (ForwardOutput.greedy as a list), which replaces the argmax here."""
     k = draft_tokens.shape[0]
+    if device_verdict is not None:
+        num_accepted = min(device_verdict[0], k)
+        return Verdict(num_accepted, device_verdict[1:num_accepted + 2], bonus=num_accepted == k)
     # One device op, then plain Python on k + 1 ints: this runs for every request
     # at every step, where a chain of small tensor ops costs more than the argmax.
     target_tokens = greedy_tokens(target_logits)  # [k + 1]
@@ -49,8 +55,8 @@ def verify_sampling(
     target_probs: "torch.Tensor | ProbRows",  # [k + 1, vocab], temperature/top-k/top-p applied
     generator: torch.Generator,
 ) -> Verdict:
-    """Rows of target_probs are read in order up to the first rejection only, so a
-    `sampling.ProbRows` computes no row past it."""
+    """On CPU, rows of target_probs are read in order up to the first rejection only,
+    so a `sampling.ProbRows` computes no row past it (`_accepted`)."""
     k = draft_tokens.shape[0]
     device = target_probs.device
     drafts = draft_tokens.tolist()
@@ -59,10 +65,8 @@ def verify_sampling(
         draft_probs = draft_probs.to(device)
         rows = torch.arange(k, device=device)
         # Accept with probability min(1, target/draft); u * draft < target does both at once.
-        uniforms = uniforms * draft_probs[rows, draft_tokens.to(device)]  # [k]
-    thresholds = uniforms.tolist()
-    num_accepted = next((i for i, (x, u) in enumerate(zip(drafts, thresholds))
-                         if not u < float(target_probs[i][x])), k)
+        uniforms = uniforms * draft_probs[rows, draft_tokens.to(device, non_blocking=True)]
+    num_accepted = _accepted(drafts, uniforms, target_probs)
     tokens = drafts[:num_accepted]
     if num_accepted == k:
         tokens.append(int(sample(target_probs[k], generator)))
@@ -76,9 +80,25 @@ def verify_sampling(
     total = residual.sum()
     # A rejection with zero residual mass only happens through float rounding
     # when target ~= draft; the target itself is then the exact distribution.
-    residual = residual / total if total > 0 else target_probs[i]
+    # (A `where`, not an `if`: on a GPU the test would be a host sync.)
+    residual = torch.where(total > 0, residual / total, target_probs[i])
     tokens.append(int(sample(residual, generator)))
     return Verdict(num_accepted, tokens, bonus=False)
+
+
+def _accepted(drafts: list[int], thresholds: torch.Tensor,
+              target_probs: "torch.Tensor | ProbRows") -> int:
+    """The length of the prefix of drafts whose target probability exceeds its threshold.
+    On CPU the rows are read in order up to the first rejection; on a GPU every row's
+    value comes back in one copy instead of one sync per draft."""
+    if thresholds.device.type == "cpu":
+        return next((i for i, (x, u) in enumerate(zip(drafts, thresholds.tolist()))
+                     if not u < float(target_probs[i][x])), len(drafts))
+    if not drafts:
+        return 0
+    at_drafts = torch.stack([target_probs[i][x] for i, x in enumerate(drafts)])
+    passed = (thresholds < at_drafts).long().cumprod(0)
+    return int(passed.sum())
 
 
 def verify_typical(
@@ -187,7 +207,7 @@ def verify_tree_sampling(
         rows = torch.arange(n, device=device)
         draft_at_token = draft_probs[rows, tree.tokens.to(device)].tolist()  # [N]
     # Each node is tried at most once per walk, so one uniform per node suffices.
-    uniforms = torch.rand(n, generator=generator, device=device).tolist()  # [N]
+    uniforms = torch.rand(n, generator=generator, device=generator.device).tolist()  # [N]
     node, path = -1, []
     while True:
         children = tree.children(node)

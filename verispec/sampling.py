@@ -148,12 +148,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     cumulative = flat.cumsum(-1)  # [rows, vocab]
     total = cumulative[:, -1:]  # [rows, 1]
     uniforms = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64,
-                          device=generator.device).to(flat.device)
+                          device=generator.device).to(flat.device, non_blocking=True)
     drawn = torch.searchsorted(cumulative, uniforms * total, right=True).squeeze(-1)  # [rows]
     # u * total rounds up to total only when u is within 2^-53 of 1: the last token
     # of positive mass is then the inverse's answer.
     over = drawn >= flat.shape[-1]
-    if bool(over.any()):
+    # On a GPU the fix-up always runs: asking whether it is needed would be a host sync.
+    if flat.device.type != "cpu" or bool(over.any()):
         last = flat.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1)
         drawn = torch.where(over, last, drawn)
     return drawn.reshape(probs.shape[:-1])

@@ -94,8 +94,9 @@ def tree_finish(feed: TreeFeed, out, cache, sampling: SamplingParams,
     if sampling.greedy:
         verdict: TreeVerdict = verify_tree_greedy(tree, logits)
     else:
-        verdict = verify_tree_sampling(tree, ProbRows(logits, sampling), generator)
+        # The walk reads a value per node it tries: from a GPU, the rows come over once.
+        verdict = verify_tree_sampling(tree, ProbRows(logits.cpu(), sampling), generator)
     rows = torch.tensor([0] + [i + 1 for i in verdict.path], dtype=torch.long)  # [accepted + 1]
     cache.compact(past_len, past_len + rows)
-    hidden = tuple(h[rows.to(h.device)] for h in out.hidden)
+    hidden = tuple(h[rows.to(h.device, non_blocking=True)] for h in out.hidden)
     return TreeStepResult(verdict.tokens, verdict.num_accepted, verdict.path, verdict.bonus, hidden)

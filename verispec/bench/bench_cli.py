@@ -33,7 +33,7 @@ proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 proposer name. Every configuration runs on the same token ids, interleaved per
 prompt; greedy outputs are checked against `none` and against hf-plain.
 
-peers: hf-plain, hf-pld, hf-assisted (transformers on the same weights),
+peers: hf-plain, hf-static, hf-pld, hf-assisted (transformers on the same weights),
 llamacpp-plain, llamacpp-pld (llama.cpp on the GGUF file, when the optional
 llama-cpp-python is installed: pip install 'verispec[llamacpp]'; skipped with a
 note otherwise) and llamaserver-plain, llamaserver-ngram-mod, -ngram-simple,
@@ -269,7 +269,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="also run each speculative proposer at every k: 1..10 or 1,2,4,8 "
                             "(replaces --k for them)")
     bench.add_argument("--peers", default="hf-plain",
-                       help="comma list of hf-plain, hf-pld, hf-assisted, llamacpp-plain, "
+                       help="comma list of hf-plain, hf-static, hf-pld, hf-assisted, llamacpp-plain, "
                             "llamacpp-pld (llama.cpp on the GGUF, needs the optional "
                             "llama-cpp-python), llamaserver-plain, llamaserver-ngram-mod, "
                             "llamaserver-ngram-simple, llamaserver-ngram-map-k, "

@@ -4,6 +4,8 @@ them, not against our own slow path.
 
 transformers, on the same model object and dtype:
   hf-plain        model.generate(do_sample=False): the reference for speedups
+  hf-static       the same with a static KV cache (cache_implementation="static"),
+                  which transformers compiles for decoding where torch.compile works
   hf-pld          prompt lookup decoding, prompt_lookup_num_tokens=k (Saxena 2023)
   hf-assisted     assisted generation with a draft model (Leviathan et al. 2023)
 llama.cpp, on the GGUF file (optional llama-cpp-python, see bench/llamacpp.py):
@@ -28,14 +30,15 @@ from .runner import PEER, BenchConfig, PeerOutput
 
 PEERS: dict[str, str] = {
     "hf-plain": "transformers generate, greedy",
+    "hf-static": "transformers generate with a static KV cache (compiled decoding)",
     "hf-pld": "transformers prompt lookup decoding (prompt_lookup_num_tokens=k)",
     "hf-assisted": "transformers assisted generation with --draft as assistant_model",
     "llamacpp-plain": "llama.cpp greedy decoding on the GGUF (optional llama-cpp-python)",
     "llamacpp-pld": "llama.cpp prompt lookup decoding on the GGUF, k tokens",
     **llamaserver.SERVER_PEERS,
 }
-HF_PEERS = ("hf-plain", "hf-pld", "hf-assisted")
-_PLAIN_PEERS = ("hf-plain", "llamacpp-plain")
+HF_PEERS = ("hf-plain", "hf-static", "hf-pld", "hf-assisted")
+_PLAIN_PEERS = ("hf-plain", "hf-static", "llamacpp-plain")
 _STACKS = ((llamacpp.LLAMACPP_PEERS, llamacpp.PLAIN, llamacpp.missing_reason),
            (tuple(llamaserver.SERVER_PEERS), llamaserver.PLAIN, llamaserver.missing_reason))
 
@@ -193,6 +196,8 @@ class HFPeers:
             assistant = self.assistant()
             assistant.generation_config.num_assistant_tokens = config.k
             kwargs["assistant_model"] = assistant
+        elif config.peer == "hf-static":
+            kwargs["cache_implementation"] = "static"
         elif config.peer != "hf-plain":
             raise ValueError(f"unknown peer {config.peer!r}")
         return kwargs

@@ -161,8 +161,10 @@ class EagleHead(nn.Module, PackedLinears):
         """Rows of a table grown on demand: a draft step then indexes instead of
         recomputing the angles (a tenth of its time at one row). Every entry is
         elementwise in its position, so a row equals rope_tables at that position."""
-        positions = positions.to(self.fc.weight.device)
+        # Sized from the positions where they are given (the host, in drafting), then
+        # moved: asking a GPU for their maximum would wait for it every draft step.
         need = int(positions.max()) + 1 if positions.numel() else 0
+        positions = positions.to(self.fc.weight.device, non_blocking=True)
         cache = self._rope_cache
         if cache is None or cache[0].shape[0] < need or cache[0].device != positions.device:
             size = max(need, 2 * (0 if cache is None else cache[0].shape[0]), 512)

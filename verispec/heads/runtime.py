@@ -116,7 +116,8 @@ class LoadedHead:
         return tuple(self.config.feature_layers)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens.to(self.parts.device), self.parts.embed)
+        # a host copy that does not wait for the device: the draft's tokens are already known
+        return F.embedding(tokens.to(self.parts.device, non_blocking=True), self.parts.embed)
 
 
 def bind(config: HeadConfig, module: nn.Module, draft_vocab: torch.Tensor | None,
@@ -125,7 +126,7 @@ def bind(config: HeadConfig, module: nn.Module, draft_vocab: torch.Tensor | None
     """Attach a head module to the target whose weights it was trained on."""
     check_target(config, target, where=f"head {path}" if path else "the head")
     parts = target_parts(target)
-    module = module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+    module = module.requires_grad_(False).to(device=target.device, dtype=target.dtype).eval()
     if quant is not None:
         if config.type != "eagle":
             raise ValueError(f"head_quant runs an EAGLE head's matrices in {quant}; "
@@ -150,7 +151,7 @@ def load_head(source: str | Path | None, kind: str, target: TargetModel,
         stored = read_head(path)
         module = build_module(stored.config)
         module.load_state_dict({k: v.float() for k, v in stored.state.items()})
-        module = module.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        module = module.requires_grad_(False).to(device=target.device, dtype=target.dtype).eval()
         _LOADED[key] = (stored.config, module, stored.draft_vocab)
         while len(_LOADED) > _CACHE_SIZE:
             _LOADED.popitem(last=False)

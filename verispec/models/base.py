@@ -39,6 +39,11 @@ class BatchItem:
 class ForwardOutput:
     logits: torch.Tensor  # [num_logits, vocab], float32, for the last num_logits positions
     hidden: tuple[torch.Tensor, ...] = ()  # one [n, hidden_size] per requested layer
+    # [1 + n] int64 on the model's device, from a target that computes it with the
+    # forward (static_llama): how many of tokens[1:] equal the argmax of the row
+    # before them (a chain's accepted drafts), then every row's argmax (first index
+    # on ties). One read of it is a greedy step's one host sync.
+    greedy: torch.Tensor | None = None
 
 
 class TargetModel(ABC):

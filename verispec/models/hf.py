@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from .base import ForwardOutput, TargetModel
 from .hf_cache import DEFAULT_SLACK, HFCache, window_masks
+from .llama_weights import _digest_part
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -103,8 +104,7 @@ class HFModel(TargetModel):
         digest = hashlib.sha256()
         for key, tensor in sorted(self.model.state_dict().items()):
             digest.update(key.encode())
-            flat = tensor.detach().float().flatten()
-            digest.update(flat[:: max(1, flat.numel() // 64)][:64].numpy().tobytes())
+            digest.update(_digest_part(tensor))
         return digest.hexdigest()[:16]
 
 

@@ -196,9 +196,10 @@ def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _digest_part(tensor: torch.Tensor) -> bytes:
-    # The same sample HFModel.weights_fingerprint hashes, so both backends agree.
-    flat = tensor.detach().float().flatten()
-    return flat[:: max(1, flat.numel() // 64)][:64].numpy().tobytes()
+    """64 values of a weight for the fingerprint, on any device (HFModel hashes the
+    same sample, so both backends agree)."""
+    flat = tensor.detach().flatten()
+    return flat[:: max(1, flat.numel() // 64)][:64].float().cpu().numpy().tobytes()
 
 
 def fingerprint(parts: list[tuple[str, int | None, bytes]], num_layers: int) -> str:

@@ -330,6 +330,11 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    on_gpu = resolve_device(device).type == "cuda"
+    if on_gpu:
+        from .cuda_setup import batch_invariant_blas
+
+        batch_invariant_blas()  # before anything can make the first cuBLAS call
     gguf = gguf_source(source)
     if weights in ("quant", "quant-i8") and gguf is None:
         raise ValueError(f"--weights {weights} needs a GGUF file; {source} is not one")
@@ -340,6 +345,10 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     if gguf is not None and backend != "hf":
         loaded = _load_gguf_dense(gguf, dtype, device, batch_invariant)
         if loaded is not None:
+            if on_gpu:
+                from .cuda_setup import on_cuda
+
+                loaded.target = on_cuda(loaded.target)
             return loaded
     # Imported here: transformers' modeling code takes seconds to import, and the
     # quantized path above never needs it.
@@ -356,6 +365,10 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
         # transformers' conversion can drop what rules native out (Phi-3's LongRoPE
         # factors): the file's own metadata decides.
         not_native = _gguf_not_native(gguf) if gguf is not None else ""
+        if on_gpu and not not_native:
+            from .cuda_setup import static_unsupported
+
+            not_native = static_unsupported(native)
     except ValueError as exc:
         native, not_native = None, str(exc)
     native_ok = not not_native
@@ -378,6 +391,10 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     dev = resolve_device(device)
     target = native.from_dir(folder, dtype=resolve_dtype(dtype, dev), device=dev,
                              batch_invariant=batch_invariant)
+    if on_gpu:
+        from .cuda_setup import on_cuda
+
+        target = on_cuda(target)  # every position row-invariant: --batch-invariant or not
     tokenizer = None
     if gguf is not None:
         # The quantized path's tokenizer: one object per file, whichever weights run

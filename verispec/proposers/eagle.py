@@ -81,9 +81,12 @@ class EagleProposer(Proposer):
             return as_proposal(self._draft_tree(len(ctx.tokens), k, shape))
         head, output = self.head, self.head.output
         first_position = len(ctx.tokens) - 1
+        positions = torch.arange(first_position, first_position + k)
         out = self.last_out
-        drafts: list[int] = []
+        tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
+        # The chain stays where the head runs and is read once at the end: on a GPU a
+        # read per draft token would wait for every step.
         for i in range(k):
             feature = head.parts.final_norm(out)  # [1, hidden], the predicted next feature
             logits = output.logits(feature)  # [1, draft vocab]
@@ -93,15 +96,15 @@ class EagleProposer(Proposer):
                 dist = logits_to_probs(logits, self.sampling)
                 index = sample(dist, self.generator)
                 probs.append(output.full(dist)[0])
-            token = output.token_ids(index)  # [1]
-            drafts.append(int(token))
-            # Nothing after EOS can be accepted (transformers #31301).
-            if drafts[-1] in self.eos or i + 1 == k:
-                break
-            out = head.module.step(feature, head.embed(token),
-                                   torch.tensor([first_position + i]), self.cache)
-        return Proposal(torch.tensor(drafts, dtype=torch.long),
-                        torch.stack(probs) if probs else None)
+            tokens.append(output.token_ids(index))  # [1]
+            if i + 1 < k:
+                out = head.module.step(feature, head.embed(tokens[-1]), positions[i:i + 1],
+                                       self.cache)
+        drafts = torch.cat(tokens).tolist()
+        # Nothing after EOS can be accepted (transformers #31301).
+        keep = next((i + 1 for i, token in enumerate(drafts) if token in self.eos), len(drafts))
+        return Proposal(torch.tensor(drafts[:keep], dtype=torch.long),
+                        torch.stack(probs[:keep]) if probs else None)
 
     def _draft_tree(self, num_tokens: int, k: int, shape: TreeShape) -> TokenTree:
         head = self.head

@@ -70,13 +70,13 @@ class MedusaProposer(Proposer):
             dist = logits_to_probs(logits, self.sampling)
             index = sample(dist, self.generator)
             probs = output.full(dist)
-        tokens = output.token_ids(index)  # [k]
-        eos_at = [i for i, t in enumerate(tokens.tolist()) if t in self.eos]
+        tokens = output.token_ids(index).tolist()  # [k]: one read of the device
+        eos_at = [i for i, t in enumerate(tokens) if t in self.eos]
         if eos_at:
             cut = eos_at[0] + 1  # up to and including EOS, never past it
             tokens = tokens[:cut]
             probs = probs[:cut] if probs is not None else None
-        return Proposal(tokens.to(torch.long), probs)
+        return Proposal(torch.tensor(tokens, dtype=torch.long), probs)
 
 
 @register("medusa")
