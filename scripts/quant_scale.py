@@ -7,8 +7,10 @@ size's curve projects per workload.
 Each round runs, per thread count, one verispec child (load, prefill --context tokens,
 decode --steps tokens one forward each, then one n-token forward per n of --ns, rolled
 back) and one `llama-bench -p 0 -n STEPS -d CONTEXT` (the same depth and token count),
-in alternating order; the figures are medians over --repeats rounds. A token's time is
-the mean over the steps of one run. Run it alone on the machine (cpulock -x): both are
+back to back, in an order that alternates between rounds. The comparison is llama.cpp's
+time over verispec's within each round, the median over --repeats rounds with their range;
+each engine's own figures are medians over the rounds. A token's time is the mean over the
+steps of one run. Run it alone on the machine (cpulock -x): both are
 timed by the wall clock. llama-bench comes from scripts/build_llama_cpp.sh
 (verispec.bench.llamaserver.find_tool) or --llama-bench.
 
