@@ -102,13 +102,15 @@ def decode_ms(models: dict, tokens: list[int], context: int, steps: int, threads
 
 
 def cost_curve(model, tokens: list[int], context: int, ns: list[int], repeats: int,
-               cpu_out: dict | None = None) -> dict:
+               cpu_out: dict | None = None, cache=None) -> dict:
     """Median wall ms of an n-token forward (all logits) after `context` for each n
     in `ns`, interleaved over n and rolled back after each; `cpu_out` gets the
-    process CPU ms (at one thread, the cost other sessions' load leaves alone)."""
+    process CPU ms (at one thread, the cost other sessions' load leaves alone).
+    A `cache` given already holds `tokens[:context]`."""
     max_n = max(ns)
-    cache = model.new_cache(context + max_n + 1)
-    model.forward(torch.tensor(tokens[:context]), cache, num_logits=1)
+    if cache is None:
+        cache = model.new_cache(context + max_n + 1)
+        model.forward(torch.tensor(tokens[:context]), cache, num_logits=1)
     times = {n: [] for n in sorted(ns)}
     cpu = {n: [] for n in sorted(ns)}
     block = torch.tensor(tokens[context:context + max_n])

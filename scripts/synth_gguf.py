@@ -4,9 +4,11 @@ of that size can be downloaded. Random weights make acceptance meaningless,
 but every cost is the real one: the same shapes, the same block formats, the
 same bytes per token.
 
-Formats: Q4_K_M through llama.cpp's own quantizer when llama-cpp-python is
-installed (a Q8_0 file is written first, then requantized), else Q4_0 or Q8_0
-written directly with the gguf package. The tokenizer is the default model's
+Formats: the K-quants (Q4_K_M, Q5_K_M, Q6_K) through llama.cpp's own quantizer,
+either the `llama-quantize` binary (--quantizer PATH, or the one
+scripts/build_llama_cpp.sh built) or llama-cpp-python's binding (a Q8_0 file is
+written first, then requantized); Q4_0 or Q8_0 written directly with the gguf
+package. The tokenizer is the default model's
 (SmolLM2's BPE), padded with unused tokens up to the shape's vocabulary, so
 verispec and llama.cpp can both tokenize and run the file.
 
@@ -14,11 +16,13 @@ Examples:
   python scripts/synth_gguf.py --size 0.5b                  # /work/synth/synth-0.5b-Q4_K_M.gguf
   python scripts/synth_gguf.py --size all --format Q4_0 --out /data/synth
   python scripts/synth_gguf.py --size 8b --format Q8_0 --layers 4   # 8B widths, 4 layers
+  python scripts/synth_gguf.py --size 1.5b --format Q6_K --quantizer ~/llama.cpp/build/bin/llama-quantize
   verispec generate --model /work/synth/synth-0.5b-Q4_K_M.gguf --prompt hi --proposer none
 """
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -58,13 +62,24 @@ SHAPES = {
     "3b": Shape("llama", "Llama-3.2-3B", 3072, 8192, 28, 24, 8, 128256, True, 5e5),
     "8b": Shape("llama", "Llama-3.1-8B", 4096, 14336, 32, 32, 8, 128256, False, 5e5),
 }
-FORMATS = ("Q4_K_M", "Q4_0", "Q8_0")
+K_QUANTS = ("Q4_K_M", "Q5_K_M", "Q6_K")  # through llama.cpp's quantizer, from a Q8_0 file
+FORMATS = (*K_QUANTS, "Q4_0", "Q8_0")
 
 
 def _has_llama_cpp() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+def find_quantizer(path: str | None) -> Path | None:
+    """The llama-quantize binary: `path`, else the READY file of
+    scripts/build_llama_cpp.sh or PATH (verispec.bench.llamaserver.find_tool)."""
+    if path:
+        return Path(path)
+    from verispec.bench.llamaserver import find_tool
+
+    return find_tool("llama-quantize")
 
 
 def _tokenizer(writer, vocab: int) -> None:
@@ -169,14 +184,22 @@ def write_random(path: Path, shape: Shape, layers: int, fmt: str, seed: int) -> 
     writer.close()
 
 
-def quantize_q4_k_m(src: Path, dst: Path, threads: int) -> None:
-    """llama.cpp's quantizer (llama_model_quantize), Q8_0 -> Q4_K_M."""
+def quantize_k(src: Path, dst: Path, fmt: str, threads: int, quantizer: Path | None) -> None:
+    """llama.cpp's quantizer, Q8_0 -> `fmt`: the llama-quantize binary when given, else
+    llama-cpp-python's binding of the same function (llama_model_quantize)."""
+    if quantizer is not None:
+        run = subprocess.run([str(quantizer), "--allow-requantize", str(src), str(dst), fmt,
+                              str(threads)], capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit(f"synth_gguf: {quantizer} failed (code {run.returncode}) on {src}:\n"
+                             + run.stderr[-2000:])
+        return
     import ctypes
 
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{fmt}")
     params.nthread = threads
     params.allow_requantize = True
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
@@ -195,8 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="0.5b", choices=[*SHAPES, "all"],
                         help="which real model's shapes (default 0.5b); all = every size")
     parser.add_argument("--format", default=None, choices=FORMATS,
-                        help="Q4_K_M needs llama-cpp-python (the default when it is installed), "
-                             "else Q4_0 (default without it) or Q8_0")
+                        help="the K-quants need llama.cpp's quantizer (Q4_K_M is the default "
+                             "when there is one), else Q4_0 (default without it) or Q8_0")
+    parser.add_argument("--quantizer", default=None, metavar="PATH",
+                        help="the llama-quantize binary for the K-quants (default: the one "
+                             "scripts/build_llama_cpp.sh built, or PATH; else llama-cpp-python)")
     parser.add_argument("--layers", type=int, default=None,
                         help="fewer decoder layers than the real model (widths unchanged): "
                              "per-layer costs at a fraction of the disk and time")
@@ -206,10 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp quantizer threads")
     parser.add_argument("--force", action="store_true", help="overwrite existing files")
     args = parser.parse_args(argv)
-    fmt = args.format or ("Q4_K_M" if _has_llama_cpp() else "Q4_0")
-    if fmt == "Q4_K_M" and not _has_llama_cpp():
-        parser.error("--format Q4_K_M needs llama-cpp-python (pip install '.[llamacpp]'); "
-                     "use --format Q4_0 or Q8_0")
+    quantizer = find_quantizer(args.quantizer)
+    if quantizer is not None and not quantizer.is_file():
+        parser.error(f"--quantizer {quantizer}: no such file")
+    can_k = quantizer is not None or _has_llama_cpp()
+    fmt = args.format or ("Q4_K_M" if can_k else "Q4_0")
+    if fmt in K_QUANTS and not can_k:
+        parser.error(f"--format {fmt} needs llama.cpp's quantizer: build llama-quantize with "
+                     "scripts/build_llama_cpp.sh (or give --quantizer PATH), or pip install "
+                     "'.[llamacpp]'; else use --format Q4_0 or Q8_0")
     if args.layers is not None and args.layers < 1:
         parser.error("--layers takes a positive number")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -222,13 +253,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"synth_gguf: {final} exists (use --force to rewrite)", file=sys.stderr)
             continue
         start = time.perf_counter()
-        first = final if fmt != "Q4_K_M" else args.out / f".synth-{size}{cut}-Q8_0.tmp.gguf"
+        first = final if fmt not in K_QUANTS else args.out / f".synth-{size}{cut}-Q8_0.tmp.gguf"
         print(f"synth_gguf: {shape.like} shape, {layers} layers, "
               f"{shape.params(layers) / 1e9:.2f}B params -> {final}", file=sys.stderr)
-        write_random(first, shape, layers, "Q8_0" if fmt == "Q4_K_M" else fmt, args.seed)
-        if fmt == "Q4_K_M":
+        write_random(first, shape, layers, "Q8_0" if fmt in K_QUANTS else fmt, args.seed)
+        if fmt in K_QUANTS:
             try:
-                quantize_q4_k_m(first, final, args.threads)
+                quantize_k(first, final, fmt, args.threads, quantizer)
             finally:
                 first.unlink(missing_ok=True)
         print(f"synth_gguf: wrote {final} ({final.stat().st_size / 2**20:.0f} MiB) in "

@@ -72,7 +72,8 @@ SLOW_FIXTURES = {
     "ray_cluster": "a Ray cluster",
     "ray_cli": "a Ray cluster",
     "browser": "a headless browser",
-    "llama_cpp": "the llama.cpp peer",
+    "llama_cpp": "the llama.cpp peer (llama-cpp-python)",
+    "llama_server": "the llama.cpp peer (llama-server)",
     "langchain_openai": "LangChain",
     "full_size_runs": "a distribution test at full size",
     "whole_script": "a whole script run end to end",
@@ -162,6 +163,18 @@ def langchain_openai():
 def llama_cpp():
     return pytest.importorskip(
         "llama_cpp", reason="llama-cpp-python is not installed (optional extra verispec[llamacpp])")
+
+
+@pytest.fixture(scope="session")
+def llama_server():
+    """The llama-server binary that scripts/build_llama_cpp.sh built (found as the bench
+    finds it); the test is skipped where none was built, as in CI."""
+    from verispec.bench import llamaserver
+
+    binary = llamaserver.find_tool()
+    if binary is None:
+        pytest.skip(f"no llama-server binary: {llamaserver.BUILD_HINT}")
+    return binary
 
 
 # Near-tie divergences tolerated by the lossless tests, reported at the end of

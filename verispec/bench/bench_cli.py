@@ -42,17 +42,23 @@ examples:
   verispec bench --workload my_prompts.jsonl --proposer none,ngram,ngram+auto
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
   verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
+  verispec bench --workload chat --proposer none,ngram --peers llamaserver-plain,llamaserver-ngram-mod
 
 proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 (the target's first L layers as draft), draft (--draft PATH), or any registered
 proposer name. Every configuration runs on the same token ids, interleaved per
 prompt; greedy outputs are checked against `none` and against hf-plain.
 
-peers: hf-plain, hf-pld, hf-assisted (transformers on the same weights) and
+peers: hf-plain, hf-static, hf-pld, hf-assisted (transformers on the same weights),
 llamacpp-plain, llamacpp-pld (llama.cpp on the GGUF file, when the optional
 llama-cpp-python is installed: pip install 'verispec[llamacpp]'; skipped with a
-note otherwise). llama.cpp quantizes its activations to 8 bits, a different
-function, so llamacpp-pld is checked against llamacpp-plain only.
+note otherwise) and llamaserver-plain, llamaserver-ngram-mod, -ngram-simple,
+-ngram-map-k, -ngram-map-k4v, -ngram-cache, -draft (llama.cpp's own llama-server
+in its own process over HTTP, at verispec's thread count; build it once with
+scripts/build_llama_cpp.sh and set VERISPEC_LLAMA_CPP_DIR to its --dir, or set
+VERISPEC_LLAMA_SERVER to a binary; docs/benchmarks.md). llama.cpp quantizes
+its activations to 8 bits, a different function, so its speculative runs are
+checked against its own plain run only.
 """
 
 _PROFILE_EPILOG = """\
@@ -149,12 +155,16 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
     if any(c.kind == PEER for c in configs) and any(p.grammar is not None for p in prompts):
         notes.append("peers apply no grammar: they skip the prompts with a response_format "
                      "(the structured workload), whose speedups are then against none")
-    records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress,
-                        repeats=plan.repeats)
-    if plan.sampling.greedy:
-        check_equality(engine.target, prompts, records, configs, peers=peers)
-    else:
-        notes.append("sampling (temperature > 0): greedy-equality checks skipped")
+    try:
+        records = run_bench(Runner(engine, plan.sampling, peers), prompts, configs, progress,
+                            repeats=plan.repeats)
+        if plan.sampling.greedy:
+            check_equality(engine.target, prompts, records, configs, peers=peers)
+        else:
+            notes.append("sampling (temperature > 0): greedy-equality checks skipped")
+    finally:
+        if peers is not None:
+            peers.close()
     rows = report.summarize(records, configs)
     sweeps = report.sweep(rows, configs) if plan.sweep else []
     broken = sum(r.vs_plain.mismatch for r in rows if r.kind != PEER)
@@ -275,11 +285,16 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="also run each speculative proposer at every k: 1..10 or 1,2,4,8 "
                             "(replaces --k for them)")
     bench.add_argument("--peers", default="hf-plain",
-                       help="comma list of hf-plain, hf-pld, hf-assisted, llamacpp-plain, "
+                       help="comma list of hf-plain, hf-static, hf-pld, hf-assisted, llamacpp-plain, "
                             "llamacpp-pld (llama.cpp on the GGUF, needs the optional "
-                            "llama-cpp-python), or none (default hf-plain)")
+                            "llama-cpp-python), llamaserver-plain, llamaserver-ngram-mod, "
+                            "llamaserver-ngram-simple, llamaserver-ngram-map-k, "
+                            "llamaserver-ngram-map-k4v, llamaserver-ngram-cache, "
+                            "llamaserver-draft (llama-server over HTTP), or none "
+                            "(default hf-plain)")
     bench.add_argument("--draft", default=None, metavar="PATH",
-                       help="draft model for proposer 'draft' and hf-assisted (a path, or self:L)")
+                       help="draft model for proposer 'draft' and hf-assisted (a path, or self:L); "
+                            "llamaserver-draft needs a .gguf with the target's vocabulary")
     bench.add_argument("--max-new-tokens", type=int, default=128,
                        help="cap on generated tokens per prompt (default 128)")
     bench.add_argument("--limit", type=int, default=None, metavar="N",

@@ -57,7 +57,7 @@ def gguf_path(model: str | None) -> Path:
     return path
 
 
-def _bucket(n: int) -> int:
+def context_bucket(n: int) -> int:
     # Power-of-two context sizes: a longer prompt later rebuilds the context
     # at most a few times, and never inside a timed call.
     size = _MIN_CONTEXT
@@ -94,7 +94,7 @@ class LlamaCppPeers:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        n_ctx = _bucket(needed)
+        n_ctx = context_bucket(needed)
         self._models.pop(peer, None)  # free the old context before allocating the new one
         draft = LlamaPromptLookupDecoding() if peer != PLAIN else None
         # With a draft model llama-cpp-python keeps logits of every position but

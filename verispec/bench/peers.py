@@ -11,6 +11,8 @@ transformers, on the same model object and dtype:
 llama.cpp, on the GGUF file (optional llama-cpp-python, see bench/llamacpp.py):
   llamacpp-plain  greedy decoding
   llamacpp-pld    its prompt lookup decoding, k tokens
+llama.cpp's own llama-server, over HTTP in its own process (bench/llamaserver.py):
+  llamaserver-plain, llamaserver-ngram-mod and its other speculative types
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.bench import llamacpp
+from verispec.bench import llamacpp, llamaserver
 from verispec.bench.runner import PEER, BenchConfig, PeerOutput
 from verispec.config import SamplingParams
 from verispec.models.loading import DEFAULT_MODEL
@@ -33,9 +35,12 @@ PEERS: dict[str, str] = {
     "hf-assisted": "transformers assisted generation with --draft as assistant_model",
     "llamacpp-plain": "llama.cpp greedy decoding on the GGUF (optional llama-cpp-python)",
     "llamacpp-pld": "llama.cpp prompt lookup decoding on the GGUF, k tokens",
+    **llamaserver.SERVER_PEERS,
 }
 HF_PEERS = ("hf-plain", "hf-static", "hf-pld", "hf-assisted")
 _PLAIN_PEERS = ("hf-plain", "hf-static", "llamacpp-plain")
+_STACKS = ((llamacpp.LLAMACPP_PEERS, llamacpp.PLAIN, llamacpp.missing_reason),
+           (tuple(llamaserver.SERVER_PEERS), llamaserver.PLAIN, llamaserver.missing_reason))
 
 
 @dataclass
@@ -54,19 +59,28 @@ def parse_peers(text: str, k: int, draft: str | None) -> PeerSelection:
             raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEERS)} or none")
         names.append(name)
     configs, notes = [], []
-    wanted_llamacpp = [n for n in names if n in llamacpp.LLAMACPP_PEERS]
-    missing = llamacpp.missing_reason() if wanted_llamacpp else None
-    if missing:
-        notes.append(f"{', '.join(wanted_llamacpp)} skipped: {missing}")
+    skipped: set[str] = set()
+    own: dict[str, str] = {}  # a peer on other numerics -> its own plain run
+    for stack, plain, missing_reason in _STACKS:
+        wanted = [n for n in names if n in stack]
+        own.update((n, plain) for n in wanted)
+        missing = missing_reason() if wanted else None
+        if missing:
+            notes.append(f"{', '.join(wanted)} skipped: {missing}")
+            skipped.update(wanted)
     for name in names:
         if name == "hf-assisted" and not draft:
             notes.append("hf-assisted skipped: it needs a draft model, give --draft PATH")
             continue
-        if name in llamacpp.LLAMACPP_PEERS and missing:
+        if name == llamaserver.DRAFT and not (draft or "").endswith(".gguf"):
+            notes.append(f"{name} skipped: it needs --draft PATH.gguf with the target's vocabulary "
+                         "(llama-server has no self-style draft)")
             continue
-        peer_k = 0 if name in _PLAIN_PEERS else k
-        own = llamacpp.PLAIN if name in llamacpp.LLAMACPP_PEERS else None
-        configs.append(BenchConfig(name, PEER, name, peer_k, peer=name, own_reference=own))
+        if name in skipped:
+            continue
+        # llama-server's speculative types keep their own draft lengths (its defaults).
+        peer_k = 0 if name in _PLAIN_PEERS or name in llamaserver.SERVER_PEERS else k
+        configs.append(BenchConfig(name, PEER, name, peer_k, peer=name, own_reference=own.get(name)))
     return PeerSelection(configs, notes)
 
 
@@ -83,8 +97,8 @@ def hf_model_of(target):
 
 class PeerRunner:
     """Runs every peer config on the runner of its stack. A stack that cannot
-    run here (no transformers model behind the target, no GGUF, no llama_cpp)
-    leaves a note in `notes` and its configs out of `runs`."""
+    run here (no transformers model behind the target, no GGUF, no llama_cpp, no
+    llama-server) leaves a note in `notes` and its configs out of `runs`."""
 
     def __init__(self, engine, draft: str | None = None, configs=(),
                  model: str | None = DEFAULT_MODEL) -> None:
@@ -93,18 +107,28 @@ class PeerRunner:
         peers = list(dict.fromkeys(c.peer for c in configs if c.kind == PEER))
         hf = [p for p in peers if p in HF_PEERS]
         if hf:
-            try:
-                runner = HFPeers(engine, draft)
-                self._runners.update((p, runner) for p in hf)
-            except ValueError as exc:
-                self.notes.append(f"peers skipped ({', '.join(hf)}): {exc}")
+            self._add(hf, lambda: HFPeers(engine, draft))
         on_gguf = [p for p in peers if p in llamacpp.LLAMACPP_PEERS]
         if on_gguf:
-            try:
-                runner = llamacpp.LlamaCppPeers(llamacpp.gguf_path(model), engine.target)
-                self._runners.update((p, runner) for p in on_gguf)
-            except ValueError as exc:
-                self.notes.append(f"peers skipped ({', '.join(on_gguf)}): {exc}")
+            self._add(on_gguf, lambda: llamacpp.LlamaCppPeers(llamacpp.gguf_path(model),
+                                                              engine.target))
+        on_server = [p for p in peers if p in llamaserver.SERVER_PEERS]
+        if on_server:
+            server = self._add(on_server, lambda: llamaserver.LlamaServerPeers(
+                llamacpp.gguf_path(model), engine.target, draft=draft))
+            if server is not None:
+                self.notes.append(f"llama-server: {server.binary} ({server.version()}), "
+                                  f"{server.threads} thread(s)")
+
+    def _add(self, names: list[str], make):
+        """Runs `names` on the runner `make` builds; a note when it cannot be built."""
+        try:
+            runner = make()
+        except ValueError as exc:
+            self.notes.append(f"peers skipped ({', '.join(names)}): {exc}")
+            return None
+        self._runners.update((p, runner) for p in names)
+        return runner
 
     def runs(self, config: BenchConfig) -> bool:
         return config.peer in self._runners
@@ -118,6 +142,12 @@ class PeerRunner:
                 ids: list[int]) -> Comparison:
         """Greedy equality of a peer that runs its own weights, judged in its own numerics."""
         return self._runners[config.peer].compare(prompt, reference, ids)
+
+    def close(self) -> None:
+        """Stop the peers that run in processes of their own."""
+        for runner in set(self._runners.values()):
+            if hasattr(runner, "close"):
+                runner.close()
 
 
 class HFPeers:

@@ -119,11 +119,12 @@ def _row(workload: str, config: BenchConfig, records: list[RunRecord],
          reference: dict[str, RunRecord] | None, ref_label: str | None,
          plain: dict[str, RunRecord] | None = None) -> Row:
     speedup = _median_ratio(records, reference, lambda r: r.tokens_per_s)
-    alpha = tau = split = None
+    tau = split = None
+    # llama-server reports its draft counts too, not its forwards.
+    drafted = sum(r.drafted or 0 for r in records)
+    alpha = sum(r.accepted or 0 for r in records) / drafted if drafted else None
     if config.kind != PEER:
-        drafted = sum(r.drafted or 0 for r in records)
         forwards = sum(r.target_forwards or 0 for r in records)
-        alpha = sum(r.accepted or 0 for r in records) / drafted if drafted else None
         tau = sum(r.tokens for r in records) / forwards if forwards else None
         total = sum(r.time_split.total for r in records if r.time_split)
         if total > 0:

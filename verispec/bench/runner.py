@@ -63,6 +63,13 @@ class PeerOutput:
     token_ids: list[int]
     seconds: float
     finish_reason: str
+    # A peer that reports its own timings (llama-server) splits its time as verispec does,
+    # and a speculative one its draft counts.
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    cpu_seconds: float | None = None  # a peer in another process: that process's CPU time
 
 
 @dataclass(frozen=True)
@@ -248,10 +255,16 @@ class Runner:
                 raise ValueError(f"peer {config.label} needs a PeerRunner")
             cpu = time.process_time()
             out = self.peers.run(config, list(prompt.ids), sampling)
+            split = None
+            if out.prefill_seconds is not None and out.decode_seconds is not None:
+                split = TimeSplit(prefill=out.prefill_seconds,
+                                  total=out.prefill_seconds + out.decode_seconds)
             return RunRecord(prompt.workload, prompt.id, config.label, config.kind, config.k,
                              len(prompt.ids), len(out.token_ids), out.seconds,
+                             drafted=out.drafted, accepted=out.accepted, time_split=split,
                              token_ids=out.token_ids, finish_reason=out.finish_reason,
-                             cpu_seconds=time.process_time() - cpu)
+                             cpu_seconds=(out.cpu_seconds if out.cpu_seconds is not None
+                                          else time.process_time() - cpu))
         _sync(self.device)
         cpu = time.process_time()
         start = time.perf_counter()
