@@ -7,7 +7,7 @@ from typing import Iterator
 
 import torch
 
-from . import proposers
+from . import proposers  # noqa: F401  (registers every proposer)
 from .config import DEFAULT_SPEC, SamplingParams, SpecConfig
 from .engine import Step, validate_prompt
 from .grammar import Constraint, ll_tokenizer
@@ -17,9 +17,10 @@ from .models.llama import NativeLlama
 from .models.loading import DEFAULT_MODEL, load_target
 from .models.quant_draft import quantized_draft
 from .processors import TokenLogprob, logprob_rows
-from .prompt_ids import chat_ids, text_ids
+from .prompt_ids import chat_ids, prediction_ids, text_ids
 from .proposers.auto_memory import AutoMemory
 from .proposers.base import ProposerSetup
+from .proposers.prediction import build_for_request
 from .proposers.suffix_store import SuffixStore
 from .request import SpecRequest, run_alone
 from .sampling import make_generator
@@ -212,26 +213,39 @@ class Engine:
             return self.encode(prompt, chat=chat)
         return [int(t) for t in prompt]
 
-    def new_request(self, ids: list[int], sampling: SamplingParams,
-                    spec: SpecConfig) -> SpecRequest:
+    def prediction_ids(self, prediction: str | list[int]) -> tuple[int, ...]:
+        """A predicted output's ids (text through `prompt_ids.prediction_ids`)."""
+        if isinstance(prediction, str):
+            return tuple(prediction_ids(self.tokenizer, prediction))
+        ids = tuple(int(t) for t in prediction)
+        if ids and (min(ids) < 0 or max(ids) >= self.target.vocab_size):
+            raise ValueError(f"prediction token ids must be in [0, {self.target.vocab_size})")
+        return ids
+
+    def new_request(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig,
+                    prediction: tuple[int, ...] | None = None) -> SpecRequest:
         """A step-wise request over token ids (see `request.SpecRequest`): what the
-        single-request loop and the serving scheduler both drive."""
+        single-request loop and the serving scheduler both drive. `prediction`: token
+        ids the output is expected to repeat (OpenAI's Predicted Outputs), which draft
+        first (proposers.prediction)."""
         validate_prompt(self.target, ids, sampling)
         generator = make_generator(sampling.seed, self.target.device)
-        proposer = proposers.build(ProposerSetup(
+        proposer = build_for_request(ProposerSetup(
             self.target, spec, sampling, generator,
             {"load_draft": self.load_draft, "suffix_store": self.suffix_store,
-             "auto_memory": self.auto_memory}))
+             "auto_memory": self.auto_memory}, tuple(prediction or ())))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
                       adaptive=spec.adaptive or spec.proposer == "auto",
-                      weights=self.weights, backend=self.backend_note)
+                      weights=self.weights, backend=self.backend_note,
+                      predicted=prediction is not None)
+        # A request with a prediction never rests: its drafts are mostly the prediction's.
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            constraint=self.constraint(sampling, spec.grammar_forced),
-                           rests=self.rests)
+                           rests=None if prediction else self.rests)
 
     def constraint(self, sampling: SamplingParams,
                    draft_forced: bool = True) -> Constraint | None:
@@ -246,24 +260,31 @@ class Engine:
                           draft_forced=draft_forced)
 
     def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
-               chat: bool) -> tuple[Iterator[Step], Stats]:
-        request = self.new_request(self._prompt_ids(prompt, chat), sampling, spec)
+               chat: bool, prediction: str | list[int] | None) -> tuple[Iterator[Step], Stats]:
+        predicted = self.prediction_ids(prediction) if prediction is not None else None
+        request = self.new_request(self._prompt_ids(prompt, chat), sampling, spec, predicted)
         return run_alone(self.target, request), request.stats
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-               spec: SpecConfig | None = None, chat: bool = False) -> Iterator[Chunk]:
-        """Yield tokens as they are committed, with text deltas that never show a stop string."""
+               spec: SpecConfig | None = None, chat: bool = False,
+               prediction: str | list[int] | None = None) -> Iterator[Chunk]:
+        """Yield tokens as they are committed, with text deltas that never show a stop
+        string. `prediction`: text (or token ids) the output is expected to repeat."""
         sampling = sampling or SamplingParams()
-        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat)
+        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat, prediction)
         deltas = TextDeltas(self.decode, sampling.stop)
         for step in steps:
             delta = deltas.push(step.tokens, final=bool(step.finish_reason))
             yield Chunk(step.tokens, delta, step.finish_reason, stats, step.logprobs)
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-                 spec: SpecConfig | None = None, chat: bool = False) -> Result:
+                 spec: SpecConfig | None = None, chat: bool = False,
+                 prediction: str | list[int] | None = None) -> Result:
+        """`prediction` (OpenAI's Predicted Outputs): text or token ids the output is
+        expected to repeat, such as the file an edit starts from; it drafts first, and
+        `result.stats` counts its accepted and rejected tokens. The output is unchanged."""
         sampling = sampling or SamplingParams()
-        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat)
+        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat, prediction)
         ids: list[int] = []
         logprobs: list[TokenLogprob] | None = [] if sampling.logprobs is not None else None
         for step in steps:

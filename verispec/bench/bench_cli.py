@@ -26,6 +26,7 @@ examples:
   verispec bench --workload my_prompts.jsonl --proposer none,ngram,auto+tree=auto
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
   verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
+  verispec bench --workload predicted-edit --proposer none,ngram+auto,ngram+auto+prediction --max-new-tokens 512
 
 proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 (the target's first L layers as draft), draft (--draft PATH), or any registered
@@ -254,7 +255,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                             "each with optional +tree=N (token tree), +tree=auto (tree budget "
                             "and depth chosen per step), +auto (adaptive k) or, for eagle and "
                             "medusa, +head=DIR (a trained head other than the shipped one), "
-                            "e.g. ngram+tree=16,ngram+auto,eagle+tree=auto,eagle+head=runs/eagle "
+                            "e.g. ngram+tree=16,ngram+auto,eagle+tree=auto,eagle+head=runs/eagle; "
+                            "a token ending in +prediction sends each prompt's predicted output "
+                            "(the predicted-edit workload's), which drafts first "
                             "(default none,ngram)")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per target pass (default 4)")
     bench.add_argument("--sweep-k", default=None, metavar="RANGE",

@@ -1,7 +1,8 @@
 """`auto`: per request, draft with whichever proposer is paying best right now.
 
 Candidates are ngram and suffix (both free), lookahead, eagle and medusa (when a trained
-head matches the target) and a draft model (when `SpecConfig.draft` names one). This is
+head matches the target), a draft model (when `SpecConfig.draft` names one) and the
+request's predicted output when it has one (proposers.prediction, free). This is
 the drafting side: each step the request's policy (verispec.plan.AutoPolicy, the one
 controller) names the candidate and its draft length together, from what this proposer
 measures per candidate:
@@ -60,6 +61,7 @@ from ..acceptance import Evidence, Tally
 from ..cadence import Backoff
 from ..draft_shape import DraftShape
 from ..economics import DraftPrice
+from . import prediction
 from .auto_memory import AutoMemory, Ledger
 from .base import (DraftContext, HeldRows, Proposal, Proposer, ProposerSetup, VerifiedRows,
                    build, register)
@@ -386,4 +388,6 @@ def _build(setup: ProposerSetup) -> Proposer:
     if not candidates:
         raise ValueError("auto: no candidate proposer could be built for this target "
                          "(see the log for each candidate's reason)")
+    if setup.prediction:
+        candidates[prediction.NAME] = prediction.predicted(setup)
     return AutoProposer(candidates, memory=memory)
