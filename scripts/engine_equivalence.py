@@ -1,6 +1,6 @@
 """Does a refactor of the engine change what it does, step by step? Runs a tiny random
 model through `Engine.generate` and the serving `Scheduler` under many speculation settings
-(fixed k, adaptive k, trees, `--tree auto`, a draft model, suffix, auto, sampling) with the
+(fixed k, adaptive k, trees, a draft model, suffix, auto, sampling) with the
 clock stopped, so adaptive choices depend on acceptance alone, and prints every committed
 token and every step record as JSON. Run it on two checkouts and compare:
 
@@ -34,7 +34,7 @@ def main() -> int:
                [40, 41, 42, 40, 41, 42, 40, 41, 7, 8, 40, 41, 42]]
     specs = [SpecConfig("ngram", k=4), SpecConfig("ngram", k=8, adaptive=True),
              SpecConfig("ngram", k=8, tree=16),
-             SpecConfig("ngram", k=8, adaptive=True, tree=16, tree_auto=True),
+             SpecConfig("ngram", k=8, adaptive=True, tree=16),
              SpecConfig("draft", k=4, draft="same"),
              SpecConfig("draft", k=6, draft="same", adaptive=True),
              SpecConfig("draft", k=4, draft="same", tree=8),

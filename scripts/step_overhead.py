@@ -30,8 +30,7 @@ def main() -> int:
     sampling = SamplingParams(max_new_tokens=96)
     settings = {"none": SpecConfig("none", k=0), "ngram k=4": SpecConfig("ngram", k=4),
                 "ngram adaptive": SpecConfig("ngram", k=8, adaptive=True),
-                "ngram tree=auto": SpecConfig("ngram", k=8, adaptive=True, tree=16,
-                                              tree_auto=True)}
+                "ngram tree=16": SpecConfig("ngram", k=8, adaptive=True, tree=16)}
     for spec in settings.values():
         engine.generate(prompt, sampling, spec)  # warm-up
     found: dict[str, list[float]] = {name: [] for name in settings}

@@ -15,11 +15,11 @@ from verispec import Engine, SamplingParams, SpecConfig
 from verispec.draft_shape import DraftShape, Shape, between
 from verispec.economics import CostModel, StepCost
 from verispec.metrics import Stats
-from verispec.policy import AdaptiveK, StepObservation
+from verispec.plan import Outcome, Plan
+from verispec.policy import AdaptiveK
 from verispec.proposers.lookahead import LookaheadProposer, LookaheadSettings
 from verispec.request import SpecRequest, run_alone
 from verispec.serving.cost import Candidate, allocate
-from verispec.tree_policy import AdaptiveTree
 from verispec.stopping import Stopper
 
 T1 = 0.01
@@ -36,19 +36,18 @@ class TreeWorld:
         self.alpha, self.nodes, self.depth = alpha, nodes, depth
         self.rng = np.random.default_rng(seed)
 
-    def step(self, k: int) -> tuple[StepObservation, int, float]:
+    def step(self, k: int) -> tuple[Outcome, int, float]:
         if k == 0:
-            return StepObservation(0, 0, 0, 0.0, T1), 1, T1
+            return Outcome(0, 0, 0, False, verify_seconds=T1), 1, T1
         depth, nodes = self.depth(k), self.nodes(k)
         accepted = 0
         while accepted < depth and self.rng.random() < self.alpha:
             accepted += 1
         seconds = T1 * STEEP.relative_time(1 + nodes)
-        # A tree step's depths along the accepted path, censored at a leaf.
-        drafted = accepted + (accepted < depth)
-        obs = StepObservation(k, drafted, accepted, 0.0, seconds, fed_positions=nodes + 1,
-                              tree=True, depth=depth)
-        return obs, accepted + 1, seconds
+        # A tree's accepted path: rejected unless it ran to the tree's depth.
+        outcome = Outcome(nodes, depth, accepted, accepted < depth, tree=True,
+                          verify_seconds=seconds)
+        return outcome, accepted + 1, seconds
 
 
 def rate(controller: AdaptiveK, world: TreeWorld, steps: int = 2000, max_k: int = 4,
@@ -58,10 +57,10 @@ def rate(controller: AdaptiveK, world: TreeWorld, steps: int = 2000, max_k: int 
     tokens, seconds, ks = 0, 0.0, []
     for _ in range(steps):
         k = controller.choose(max_k)
-        obs, made, spent = world.step(k)
+        outcome, made, spent = world.step(k)
         if as_chain and k:
-            obs = dataclasses.replace(obs, tree=False)  # timed at its width, shape unseen
-        controller.observe(obs)
+            outcome = dataclasses.replace(outcome, tree=False)  # timed at its width, shape unseen
+        controller.observe(Plan(k), outcome)
         tokens, seconds = tokens + made, seconds + spent
         ks.append(k)
     return tokens / seconds, np.array(ks)
@@ -74,10 +73,10 @@ def test_a_lookahead_tree_that_cannot_pay_falls_back_to_plain():
     """Depth 1 accepted 25% of the time: 1.25 tokens for a 4-row pass (1.53 plain steps)
     loses to plain decoding. Priced as a 2-row chain (1.06) it looked like a gain."""
     plain = 1.0 / T1
-    shaped, ks = rate(AdaptiveK(STEEP), TreeWorld(0.25, **LOOKAHEAD, seed=1))
+    shaped, ks = rate(AdaptiveK(4, STEEP), TreeWorld(0.25, **LOOKAHEAD, seed=1))
     assert shaped >= 0.97 * plain
     assert np.count_nonzero(ks[200:]) / ks[200:].size < 0.05
-    chained, ks_chain = rate(AdaptiveK(STEEP), TreeWorld(0.25, **LOOKAHEAD, seed=1),
+    chained, ks_chain = rate(AdaptiveK(4, STEEP), TreeWorld(0.25, **LOOKAHEAD, seed=1),
                              as_chain=True)
     assert np.count_nonzero(ks_chain[200:]) / ks_chain[200:].size > 0.5
     assert chained < 0.9 * plain
@@ -91,7 +90,7 @@ def test_a_flat_prior_learns_plain_decoding_is_faster_from_its_own_plain_steps()
     tokens for 1.64 plain steps, which only looks like a gain. Exploration's plain steps
     time T(1), and the request stops drafting."""
     window = dict(nodes=lambda k: 6, depth=lambda k: min(k, 3))
-    controller = AdaptiveK()
+    controller = AdaptiveK(4)
     shaped, ks = rate(controller, TreeWorld(0.35, **window, seed=5), steps=3000)
     assert np.count_nonzero(ks[1000:]) / ks[1000:].size < 0.05
     assert shaped >= 0.95 / T1
@@ -101,7 +100,7 @@ def test_a_flat_prior_learns_plain_decoding_is_faster_from_its_own_plain_steps()
 def test_a_lookahead_tree_that_pays_keeps_drafting_one_level():
     """Accepted 80%: 1.8 tokens for 1.53 plain steps beats plain; k = 1 is enough, since
     the tree is no deeper at any k."""
-    controller = AdaptiveK(STEEP)
+    controller = AdaptiveK(4, STEEP)
     shaped, ks = rate(controller, TreeWorld(0.8, **LOOKAHEAD, seed=2))
     assert shaped >= 1.1 / T1
     assert np.mean(ks[200:] == 1) > 0.85
@@ -113,9 +112,9 @@ def test_a_fixed_budget_is_priced_at_its_width_at_every_depth():
     """A `--tree 8` step feeds 8 nodes whatever its depth: deeper is worth it at high
     acceptance, and at low acceptance the 9-row pass is refused outright."""
     budget = dict(nodes=lambda k: 8, depth=lambda k: min(k, 4))
-    deep, ks = rate(AdaptiveK(STEEP), TreeWorld(0.9, **budget, seed=3))
+    deep, ks = rate(AdaptiveK(4, STEEP), TreeWorld(0.9, **budget, seed=3))
     assert np.median(ks[200:]) >= 3 and deep > 1.5 / T1
-    shallow, ks = rate(AdaptiveK(STEEP), TreeWorld(0.3, **budget, seed=4))
+    shallow, ks = rate(AdaptiveK(4, STEEP), TreeWorld(0.3, **budget, seed=4))
     assert np.count_nonzero(ks[200:]) / ks[200:].size < 0.05 and shallow >= 0.97 / T1
 
 
@@ -125,11 +124,11 @@ def test_shape_estimator():
     shape.observe(8, 4, 1)  # a lookahead step: 4 nodes, one level, whatever k asked
     # A shorter k reaches no deeper and keeps the tree's width.
     assert shape.at(1) == Shape(4.0, 1.0) and shape.at(8) == Shape(4.0, 1.0)
-    chain = DraftShape()
+    chain = DraftShape(16.0)
     chain.observe(2, 2, 2)
     # A chain: one node per depth, up or down.
     assert chain.at(1) == Shape(1.0, 1.0) and chain.at(5) == Shape(5.0, 5.0)
-    short = DraftShape()
+    short = DraftShape(16.0)
     short.observe(4, 2, 2)  # asked 4, found 2: a longer k adds only half a level each
     assert short.at(6) == Shape(3.0, 3.0) and short.at(1) == Shape(1.0, 1.0)
     shape.observe(8, 2, 2)
@@ -146,8 +145,8 @@ def test_shape_estimator():
 
 def test_lookahead_requests_learn_their_tree_width_and_equal_plain(tiny_native):
     """Through the engine: every tree step an adaptive lookahead request verifies reaches
-    its controller as the tree it fed (its nodes and its deepest node), not as a chain of
-    k, and the output is plain decoding's."""
+    its policy as the tree it fed (its nodes and its deepest node), not as a chain of k,
+    and the output is plain decoding's."""
     settings = LookaheadSettings(window=2, ngram=3, guesses=2)
     spec = SpecConfig("lookahead", k=4, adaptive=True, lookahead_window=2, lookahead_ngram=3,
                       lookahead_guesses=2)
@@ -157,68 +156,19 @@ def test_lookahead_requests_learn_their_tree_width_and_equal_plain(tiny_native):
     request = SpecRequest(tiny_native, prompt, sampling, spec, proposer,
                           Stopper(sampling, tiny_native.eos_token_ids, None),
                           torch.Generator().manual_seed(0), Stats(proposer="lookahead", k=4))
-    controller = request.policy.controller
-    seen, observe = [], controller.observe
-    controller.observe = lambda obs: (seen.append(obs), observe(obs))
+    policy = request.policy
+    seen, observe = [], policy.observe
+    policy.observe = lambda plan, outcome: (seen.append((plan, outcome)), observe(plan, outcome))
     list(run_alone(tiny_native, request))
     fed = [tree for tree in proposer.trees if tree is not None]
-    tree_steps = [obs for obs in seen if obs.tree]
+    tree_steps = [(plan, outcome) for plan, outcome in seen if outcome.tree]
     assert fed and len(tree_steps) == len(fed)
-    assert [obs.positions - 1 for obs in tree_steps] == [len(tree) for tree in fed]
-    assert [obs.depth for obs in tree_steps] == [tree.max_depth for tree in fed]
-    shape = controller.shape
-    assert shape.lengths == sorted({obs.k_requested for obs in tree_steps})
+    assert [outcome.fed for _, outcome in tree_steps] == [len(tree) for tree in fed]
+    assert [outcome.reached for _, outcome in tree_steps] == [tree.max_depth for tree in fed]
+    assert policy.shape.lengths == sorted({plan.k for plan, _ in tree_steps})
     engine = Engine(tiny_native, tokenizer=CharTokenizer())
     plain = engine.generate(prompt, sampling, SpecConfig("none", k=0)).token_ids
     assert request.tokens[len(prompt):] == plain
-
-
-def test_tree_auto_times_plain_steps_when_its_trees_look_cheap():
-    """`--tree auto` with a flat prior: every tree step of budget 4 feeds 5 rows, and
-    with the chain hopeless the plan is a tree at every step, so no one-row pass is
-    timed unless exploration takes one. T(1) is then extrapolated down from T(5) along
-    the flat prior, 1.45x too slow. At 35% per depth a 4-deep tree commits 1.53
-    tokens for 1.61 plain steps: the request must learn that plain decoding is faster."""
-    tree = AdaptiveTree(AdaptiveK(prior_alpha=0.05), max_nodes=4)
-    rng = np.random.default_rng(6)
-    # What earlier (untimed) tree steps taught: 35% per depth at budget 4.
-    for _ in range(50):
-        accepted = 0
-        while accepted < 4 and rng.random() < 0.35:
-            accepted += 1
-        tree.observe(StepObservation(4, accepted + (accepted < 4), accepted, tree=True), nodes=4)
-    tokens, seconds, plain = 0, 0.0, []
-    for _ in range(3000):
-        k = tree.choose(4)
-        if k == 0 or tree.nodes == 0:
-            tree.observe(StepObservation(k, k, 0, 0.0, T1 * STEEP.relative_time(k + 1)))
-            tokens, seconds = tokens + 1, seconds + T1 * STEEP.relative_time(k + 1)
-            plain.append(k == 0)
-            continue
-        depth = min(k, tree.nodes)
-        accepted = 0
-        while accepted < depth and rng.random() < 0.35:
-            accepted += 1
-        spent = T1 * STEEP.relative_time(tree.nodes + 1)
-        tree.observe(StepObservation(k, accepted + (accepted < depth), accepted, 0.0, spent,
-                                     fed_positions=tree.nodes + 1, tree=True))
-        tokens, seconds = tokens + accepted + 1, seconds + spent
-        plain.append(False)
-    assert np.mean(plain[1000:]) > 0.95
-    assert tokens / seconds >= 0.95 / T1
-
-
-def test_tree_auto_with_a_single_budget_explores_without_failing():
-    """A cap of 4 leaves one budget, with no neighbour to explore: the plan stands."""
-    tree = AdaptiveTree(AdaptiveK(STEEP), max_nodes=4)
-    for _ in range(50):
-        tree.observe(StepObservation(4, 4, 4, tree=True), nodes=4)
-    tree.observe(StepObservation(0, 0, 0, 0.0, T1))  # a request's first timing is warm-up
-    for _ in range(64):
-        tree.observe(StepObservation(0, 0, 0, 0.0, T1))  # T(1) timed: no plain step due
-        assert tree.choose(4) == 4 and tree.nodes == 4
-        tree.observe(StepObservation(4, 4, 4, 0.0, T1 * STEEP.relative_time(5),
-                                     fed_positions=5, tree=True))
 
 
 def test_the_batch_allocator_prices_a_tree_request_at_its_width():

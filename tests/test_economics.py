@@ -16,6 +16,7 @@ from verispec.economics import (
     expected_tokens,
     load_profile,
     optimal_k,
+    tokens_per_pass,
 )
 from verispec.bench.simulate import SimResult, simulate, spread_by_rounds, tokens_std
 
@@ -26,6 +27,12 @@ from verispec.bench.simulate import SimResult, simulate, spread_by_rounds, token
 )
 def test_seed_expected_tokens(alpha, k, seed_value):
     assert round(expected_tokens(alpha, k), 1) == seed_value
+
+
+def test_tokens_per_pass_at_the_edges():
+    assert tokens_per_pass([0.0] * 5)[5] == 1.0
+    assert tokens_per_pass([1.0] * 5)[5] == 6.0
+    assert abs(tokens_per_pass([0.5] * 2)[2] - 1.75) < 1e-12
 
 
 def test_expected_tokens_edges():
@@ -75,7 +82,8 @@ def test_linear_profile_matches_linear_overhead():
         assert profiled.pass_cost(k) == pytest.approx(linear.pass_cost(k))
         assert expected_speedup(0.8, k, profiled) == pytest.approx(expected_speedup(0.8, k, linear))
     assert ceiling(profiled) == pytest.approx(ceiling(linear))
-    assert optimal_k(0.8, profiled) == optimal_k(0.8, linear)
+    best, want = optimal_k(0.8, profiled), optimal_k(0.8, linear)
+    assert best.k == want.k and best.speedup == pytest.approx(want.speedup, rel=1e-12)
 
 
 def test_load_profile(tmp_path):
@@ -229,3 +237,27 @@ def test_step_cost_discounts_each_measured_width_by_its_age():
     assert cost.table(1)[1] == pytest.approx(want, rel=1e-12)
     assert cost.table(3)[3] == pytest.approx((0.020 * gamma**2 + 0.024) / (gamma**2 + 1), rel=1e-12)
     assert cost.timed and not StepCost().timed
+
+
+def test_an_estimate_skips_its_first_reading_only():
+    """A first reading may carry warm-up: a draft price and a request's step-cost curve skip
+    it (economics.WarmUp); a server's curve, which starts from timed forwards, keeps it."""
+    from verispec.economics import SecondsPerUnit, StepCost
+
+    price = SecondsPerUnit()
+    price.observe(0.050, 1)  # the first: skipped
+    assert price.measured is None
+    price.observe(0.002, 2)
+    price.observe(0.004, 2)
+    gamma = 0.5 ** (1 / 64.0)
+    assert price.measured == pytest.approx((0.002 * gamma + 0.004) / (2 * gamma + 2))
+    price.observe(0.0, 0)  # no units: not a reading
+    price.observe(1.0, 1)  # a stall: counted at four times the estimate
+    assert price.measured < 0.01
+    request, server = StepCost(skip_first=True), StepCost()
+    for cost in (request, server):
+        cost.observe([1], 0.5)
+        cost.observe([1], 0.0)  # an untimed step: not a reading either
+    assert not request.timed and server.timed
+    request.observe([1], 0.01)
+    assert request.table(1)[1] == pytest.approx(0.01)

@@ -354,7 +354,7 @@ def test_adaptive_ngram_keys_k_on_its_match_length(engine, target, monkeypatch):
     from verispec.proposers.ngram import MATCH_PRIOR, NgramIndex
 
     seen: list[tuple[Evidence, int]] = []
-    choose, shadow = AdaptiveK.choose, AdaptiveK.observe_shadow
+    choose, learn = AdaptiveK.choose, AdaptiveK._learn
     shadows: list[int] = []
 
     def spy_choose(self, max_k, evidence=None):
@@ -362,12 +362,13 @@ def test_adaptive_ngram_keys_k_on_its_match_length(engine, target, monkeypatch):
         seen.append((evidence, k))
         return k
 
-    def spy_shadow(self, drafted, matched):
-        shadows.append(drafted)
-        return shadow(self, drafted, matched)
+    def spy_learn(self, plan, outcome):
+        if outcome.shadow is not None:
+            shadows.append(outcome.shadow)
+        return learn(self, plan, outcome)
 
     monkeypatch.setattr(AdaptiveK, "choose", spy_choose)
-    monkeypatch.setattr(AdaptiveK, "observe_shadow", spy_shadow)
+    monkeypatch.setattr(AdaptiveK, "_learn", spy_learn)
     prompt = PROMPTS[3] * 3 + PROMPTS[0]
     want = plain(engine, prompt, 64)
     got = engine.generate(prompt, SamplingParams(max_new_tokens=64), SpecConfig("ngram", k=8,

@@ -125,3 +125,42 @@ def test_layers_import_downwards():
                    if layer_of(m) is not None and layer_of(dep) is not None
                    and layer_of(dep) > layer_of(m))
     assert wrong == []
+
+
+POLICY = {"verispec.plan", "verispec.policy", "verispec.acceptance", "verispec.cadence",
+          "verispec.draft_shape", "verispec.economics", "verispec.config"}
+
+
+def test_the_policy_imports_neither_torch_nor_the_mechanism():
+    """How much to draft is decided on numbers alone: the policy modules import each
+    other (and numpy), never torch, a model, a proposer or the step's mechanism; the
+    request (verispec.request) is where the two meet."""
+    graph = import_graph()
+    assert POLICY <= set(graph)
+    wrong = sorted(f"{m} -> {dep}" for m in POLICY for dep in graph[m] if dep not in POLICY)
+    assert wrong == []
+    for name in POLICY:
+        tree = ast.parse(module_names()[name].read_text(encoding="utf-8"))
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                    if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and not node.level}
+        assert "torch" not in imported, name
+
+
+MECHANISM = {"verispec.engine", "verispec.rejection", "verispec.tree", "verispec.token_tree",
+             "verispec.sampling", "verispec.stopping", "verispec.kv_cache", "verispec.lossless"}
+
+
+def test_the_mechanism_has_no_clock_and_no_policy():
+    """Feed, verify, roll back and stop (verispec.engine and what it calls) time nothing
+    and decide nothing: the request times the step and its policy decides."""
+    graph = import_graph()
+    wrong = sorted(f"{m} -> {dep}" for m in MECHANISM for dep in graph[m]
+                   if dep in POLICY - {"verispec.config"} or dep == "verispec.request")
+    assert wrong == []
+    for name in MECHANISM:
+        tree = ast.parse(module_names()[name].read_text(encoding="utf-8"))
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        assert "time" not in imported, name

@@ -100,9 +100,11 @@ def test_greedy_output_is_plain_decoding_whatever_the_prediction(engine, free, n
         assert stats.predicted
         drafted = sum(s.drafted for s in stats.steps if s.proposer == "prediction")
         assert stats.prediction_accepted + stats.prediction_rejected == drafted
-        if kind == "exact" and name != "auto":
+        if SPECS[name].adaptive:
+            continue  # its k follows the measured step times, so what it drafts varies
+        if kind == "exact":
             assert stats.prediction_rejected == 0 and stats.prediction_accepted > 20, kind
-        if kind in ("renamed", "inserted", "deleted") and name != "auto":
+        if kind in ("renamed", "inserted", "deleted"):
             # Drafted through the edit: it re-aligned and kept drafting after it.
             late = [s for s in stats.steps[len(stats.steps) // 2:] if s.proposer == "prediction"]
             assert stats.prediction_accepted > 20 and sum(s.accepted for s in late) > 0, kind

@@ -96,7 +96,7 @@ def test_batched_greedy_equals_solo_and_releases_caches(any_engine):
     engine = any_engine
     sampling = SamplingParams(max_new_tokens=24)
     jobs = [(p, s) for p in PROMPTS for s in SPECS[:3]] + list(zip(PROMPTS, SPECS))
-    # `auto` quotes its candidate and length on the batch's curve: chains and trees.
+    # `auto` drafts chains and trees from n-gram lookup or suffix decoding.
     jobs += [(PROMPTS[0], SpecConfig("auto", k=4)), (PROMPTS[3], SpecConfig("auto", k=4, tree=8))]
     solo = {tuple(p): engine.generate(p, sampling, SpecConfig("none", k=0)).token_ids
             for p in PROMPTS}
@@ -312,17 +312,17 @@ def test_fused_backends_are_detected(engine, tiny_native):
 
 def test_new_adaptive_requests_start_from_the_pooled_acceptance(engine, monkeypatch):
     from verispec.acceptance import Tally
-    from verispec.plan import FixedK, Outcome, Plan
-    from verispec.policy import AdaptiveK
+    from verispec.plan import Outcome, Plan
+    from verispec.policy import AdaptiveK, FixedK
 
     seeds = []
     original = AdaptiveK.seed
     monkeypatch.setattr(AdaptiveK, "seed", lambda self, a, n: (seeds.append((a, n)),
                                                                 original(self, a, n)))
     scheduler = make_scheduler(engine)
-    policy = FixedK(0)
+    policy = FixedK()
     for k, drafted, accepted in [(4, 4, 1), (4, 4, 4), (4, 0, 0)]:
-        policy.observe(Plan(k, 0), Outcome(drafted, accepted))
+        policy.observe(Plan(k), Outcome(drafted, drafted, accepted, accepted < drafted))
     assert policy.outcomes == Tally(5.0, 1.0)
     scheduler._pool("ngram", policy.outcomes)  # 5 accepted drafts, 1 first rejection
     assert scheduler._pooled["ngram"] == Tally(5.0, 1.0)
@@ -369,12 +369,12 @@ def test_k0_steps_make_shadow_guesses_unless_held(engine, allow_shadow):
     request = engine.new_request(PROMPTS[0], SamplingParams(max_new_tokens=12),
                                  SpecConfig("ngram", k=4, adaptive=True))
     request.complete(engine.target.forward_batch([request.prepare()])[0])  # the prefill
-    prior = request.policy.controller.alphas.copy()
+    prior = request.policy.alphas.copy()
     for _ in range(6):
         plan = request.quote().plan(0) if allow_shadow else request.policy.plain(request.room())
         assert plan.k == 0 and plan.shadow == allow_shadow
         request.complete(engine.target.forward_batch([request.prepare(plan)])[0])
-    learned = not (request.policy.controller.alphas == prior).all()
+    learned = not (request.policy.alphas == prior).all()
     assert learned == allow_shadow
 
 
@@ -410,7 +410,7 @@ def test_scheduled_adaptive_ngram_prices_k_by_its_evidence(engine):
     request = engine.new_request(prompt, sampling, SpecConfig("ngram", k=6, adaptive=True))
     request.complete(engine.target.forward_batch([request.prepare()])[0])
     evidence = request.proposer.evidence(DraftContext(request.tokens, len(prompt)))
-    controller = request.policy.controller
+    controller = request.policy
     before = controller.evidence_alphas(evidence).copy()
     quote = request.quote()
     assert (quote.alphas == before).all() and quote.evidence == evidence

@@ -5,13 +5,12 @@ refuse."""
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 
 from verispec.cli import build_parser, main
 from verispec.cli_args import spec_from
-from verispec.config import SamplingParams, SpecConfig
+from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig
 from verispec.bench.runner import proposer_spec
 from verispec.serving.protocol import serve_defaults
 from verispec.serving.protocol import APIError, ServeDefaults, parse_request
@@ -44,11 +43,17 @@ def test_one_text_one_config_at_every_edge():
 
 
 def test_tree_and_k_spellings_agree():
-    tree_auto = SpecConfig("ngram", k=5, adaptive=True, tree=32, tree_auto=True)
-    assert proposer_spec("ngram+tree=auto", 5, None) == tree_auto
-    assert spec_from(generate_args("--tree", "auto", "--k", "5")) == tree_auto
-    assert parse_spec(proposer="ngram", k=5, tree="auto") == tree_auto
+    assert proposer_spec("ngram+tree=16", 5, None) == SpecConfig("ngram", k=5, tree=16)
+    assert spec_from(generate_args("--tree", "16", "--k", "5")) == SpecConfig("ngram", k=5, tree=16)
+    assert proposer_spec("ngram+tree=k", 6, None) == SpecConfig("ngram", k=6, tree=6)
     assert parse_token("ngram+tree=k", {"k": 6}) == SpecConfig("ngram", k=6, tree=6)
+    with pytest.raises(SpecError, match="--tree takes a whole number or k"):
+        parse_spec(proposer="ngram", k=5, tree="auto")
+    # Adaptive k is the default: the CLI's and the API's default configurations agree.
+    assert spec_from(generate_args()) == DEFAULT_SPEC
+    assert DEFAULT_SPEC.adaptive and DEFAULT_SPEC.proposer == "ngram"
+    fixed = spec_from(generate_args("--k", "4"))
+    assert fixed.k == 4 and not fixed.adaptive
     assert parse_spec(proposer="none", k="auto", tree=4) == SpecConfig("none", k=0)
 
 
@@ -102,14 +107,14 @@ PROMPT = ["--prompt", "List the days of the week: Monday, Tuesday, Wednesday, Mo
 @pytest.mark.slow
 def test_cli_accepts_what_it_used_to_refuse(capsys):
     """`generate --proposer self:8`, torch's dtype names and `--proposer auto --tree
-    auto` all run on the default model, with output equal to plain decoding."""
+    8` all run on the default model, with output equal to plain decoding."""
     plain = run_json(capsys, *PROMPT, "--proposer", "none", "--dtype", "fp32")
     alias = run_json(capsys, *PROMPT, "--proposer", "none", "--dtype", "float32")
     assert (alias["token_ids"], alias["text"]) == (plain["token_ids"], plain["text"])
     selfdraft = run_json(capsys, *PROMPT, "--proposer", "self:8", "--dtype", "float32")
     assert selfdraft["token_ids"] == plain["token_ids"]
     assert selfdraft["stats"]["proposer"] == "draft:self:8" and selfdraft["stats"]["drafted"] > 0
-    auto = run_json(capsys, *PROMPT, "--proposer", "auto", "--tree", "auto", "--dtype", "float32")
+    auto = run_json(capsys, *PROMPT, "--proposer", "auto", "--tree", "8", "--dtype", "float32")
     assert auto["token_ids"] == plain["token_ids"] and auto["stats"]["adaptive"]
     bf16 = run_json(capsys, *PROMPT, "--proposer", "none", "--dtype", "bf16")
     assert run_json(capsys, *PROMPT, "--proposer", "none",
@@ -123,26 +128,14 @@ def test_cli_refuses_a_bad_draft_source_with_one_line(capsys):
     assert "self:L needs a whole number of layers" in capsys.readouterr().err
 
 
-def test_auto_with_tree_auto_drafts_trees_and_logs_skipped_candidates(caplog):
-    """On a target with no trained head, auto keeps n-gram lookup, suffix and lookahead (drafting trees,
-    as asked) and says in the log why each head candidate is absent."""
-    from verispec.proposers import auto
-    from verispec.proposers.auto_memory import AutoMemory
-
-    auto._said.clear()
+def test_auto_with_a_tree_drafts_trees():
+    """`auto` with a tree budget: both of its lookups draft trees of that budget, and the
+    output stays plain decoding's."""
     engine = tiny_engine()
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
-    spec = parse_spec(proposer="auto", tree="auto", k=4)
-    with caplog.at_level(logging.WARNING, logger="verispec.proposers.auto"):
-        got = engine.generate(prompt, SamplingParams(max_new_tokens=16), spec)
-    skipped = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("auto: candidate eagle skipped: ") for m in skipped)
-    assert any(m.startswith("auto: candidate medusa skipped: ") for m in skipped)
+    spec = parse_spec(proposer="auto", tree=8, k="auto", k_max=4)
+    got = engine.generate(prompt, SamplingParams(max_new_tokens=16), spec)
     want = engine.generate(prompt, SamplingParams(max_new_tokens=16), SpecConfig("none", k=0))
     assert got.token_ids == want.token_ids
-    # A fresh memory: the request above may have sent lookahead to rest (auto_memory).
-    engine.auto_memory = AutoMemory()
     request = engine.new_request(prompt, SamplingParams(max_new_tokens=16), spec)
-    assert list(request.proposer.tracks) == ["ngram", "suffix", "lookahead"]  # model-free ones
-    for name in ("ngram", "suffix", "lookahead"):
-        assert request.proposer.tracks[name].proposer.tree_nodes == 32  # a tree, as asked
+    assert request.proposer.ngram.tree_nodes == request.proposer.suffix.tree_nodes == 8

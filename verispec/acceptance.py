@@ -1,16 +1,15 @@
-"""Online acceptance per draft depth, for the adaptive controller (verispec.policy).
+"""Online acceptance, the one estimator: censored counts, discounted, per draft depth.
 
-alpha_i = P(draft i accepted | drafts < i accepted), from censored chain
-outcomes (d drafts, a accepted: depths 1..a succeeded, depth a + 1 failed if
-a < d). Counts are discounted (half-life in observed steps) to follow text
-that changes character, and a binomial test on the last few outcomes resets
-them at an abrupt change (ADWIN-style windowing, Bifet & Gavalda 2007), since
-forgetting alone needs several half-lives to cross a gap.
+A step that drafted tells how far acceptance went: `accepted` drafts, then (if a draft
+was left) one rejected. alpha = accepted / (accepted + rejections) over discounted
+counts is the estimate of the per-token acceptance under a geometric model (`Tally`).
+Per depth, alpha_i = P(draft i accepted | drafts < i accepted) from the same outcomes
+(depths 1..a succeeded, depth a + 1 failed if rejected): `DepthAcceptance`, a `Tally`
+per depth, each depth shrunk toward the one above it. Counts are discounted (half-life
+in observed steps) to follow text that changes character.
 """
 from __future__ import annotations
 
-import math
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,27 +22,15 @@ class Evidence:
     prior_alpha: float  # first-draft acceptance to assume in it until some are measured
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    drafted: int
-    accepted: int
-    alpha_before: float  # depth-1 estimate before this outcome was counted
-
-
 @dataclass
 class Tally:
-    """One alpha per token, the censored geometric estimate: discounted accepted drafts
-    over discounted accepted drafts plus first rejections. `auto` scores its candidates
-    with it; serving pools finished requests' outcomes per proposer with it."""
+    """Discounted accepted drafts and first rejections; alpha, their ratio. A request's
+    policy keeps one over its whole run (`Policy.outcomes`), which serving pools per
+    proposer, and `DepthAcceptance` one per depth."""
     accepted: float = 0.0
     rejected: float = 0.0
 
-    @staticmethod
-    def seeded(alpha: float, strength: float) -> "Tally":
-        """A prior of `alpha` worth `strength` outcomes, which fades like real ones."""
-        return Tally(strength * alpha, strength * (1.0 - alpha))
-
-    def add(self, accepted: int, rejected: int, decay: float) -> None:
+    def add(self, accepted: float, rejected: float, decay: float) -> None:
         self.accepted = decay * self.accepted + accepted
         self.rejected = decay * self.rejected + rejected
 
@@ -55,44 +42,22 @@ class Tally:
     def alpha(self) -> float:
         return self.accepted / max(self.count, 1e-9)
 
-    def lower(self, z: float) -> float:
-        """The estimate z standard errors down (z = 0: the estimate). Choosing the best
-        of several candidates by their estimates picks the luckiest on few outcomes (the
-        winner's curse, Thaler 1988); ranking them by a lower bound does not, and a
-        candidate with much evidence barely pays for it."""
-        alpha = self.alpha
-        if z <= 0.0:
-            return alpha
-        return max(0.0, alpha - z * math.sqrt(alpha * (1.0 - alpha) / (self.count + 1.0)))
-
-
-def _binomial_tail(x: int, n: int, p: float) -> float:
-    """min(P(X <= x), P(X >= x)) for X ~ Binomial(n, p)."""
-    pmf = [math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(n + 1)]
-    return min(sum(pmf[: x + 1]), sum(pmf[x:]))
-
 
 class DepthAcceptance:
-    """Discounted per-depth acceptance counts with abrupt-change resets."""
+    """A `Tally` per depth, each shrunk toward the depth above."""
 
     def __init__(self, max_depth: int, half_life: float, prior_alpha: float,
-                 prior_strength: float, pool_strength: float, change_window: int,
-                 change_p: float) -> None:
+                 prior_strength: float, pool_strength: float) -> None:
         self.max_depth = max_depth
         self._gamma = 0.5 ** (1.0 / half_life)
         self._prior_alpha, self._prior_strength = prior_alpha, prior_strength
         self._pool = pool_strength
-        self._change_p = change_p
-        self._recent: deque[_Outcome] = deque(maxlen=change_window)
-        # Plain lists: updated every verified step, where numpy's per-call overhead cost
-        # more than the arithmetic. Entries at and past `_top` are 0 (never counted).
-        self._succ = [0.0] * max_depth
-        self._fail = [0.0] * max_depth
+        # Depths at and past `_top` were never counted (their tallies are 0).
+        self._depths = [Tally() for _ in range(max_depth)]
         self._top = 0
         # Cached `alpha_list` and `alphas`, dropped when the counts change.
         self._alphas: list[float] | None = None
         self._array: np.ndarray | None = None
-        self.resets = 0  # abrupt changes detected
         self._restart()
 
     @property
@@ -114,22 +79,16 @@ class DepthAcceptance:
             return self._alphas
         out = [0.0] * self.max_depth
         parent, pool = self._prior_alpha, 0.0
-        succ = self._succ
-        counts = [a + b for a, b in zip(succ[:self._top], self._fail[:self._top])]
+        depths = self._depths[:self._top]
         # Depths past the deepest one ever reached have no counts: they inherit it.
-        reached = max((i for i, n in enumerate(counts) if n > 0), default=-1) + 1
+        reached = max((i for i, t in enumerate(depths) if t.count > 0), default=-1) + 1
         for i in range(reached):
-            n = counts[i]
-            parent = parent if n + pool == 0 else (succ[i] + pool * parent) / (n + pool)
+            n = depths[i].count
+            parent = parent if n + pool == 0 else (depths[i].accepted + pool * parent) / (n + pool)
             out[i], pool = parent, self._pool
         out[reached:] = [parent] * (self.max_depth - reached)
         self._alphas = out
         return out
-
-    def _first_alpha(self) -> float:
-        """alphas[0] without building the vector (depth 1 is never pooled with a parent)."""
-        n = self._succ[0] + self._fail[0]
-        return self._succ[0] / n if n > 0 else self._prior_alpha
 
     def seed(self, alpha: float, strength: float) -> None:
         """Restart from a depth-1 prior of `alpha` worth `strength` observations."""
@@ -138,45 +97,26 @@ class DepthAcceptance:
         self._prior_alpha, self._prior_strength = alpha, strength
         self._restart()
 
-    def add(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
+    def add(self, accepted: int, rejected: bool) -> None:
+        """One step's outcome: `accepted` drafts, then a rejected one if `rejected`."""
+        if not accepted and not rejected:
             return  # no evidence; forgetting is per observation so k = 0 does not drift
-        self._recent.append(_Outcome(drafted, accepted, self._first_alpha()))
-        self._count(drafted, accepted)
-        if len(self._recent) < self._recent.maxlen:
-            return
-        # Test the window against the belief held before it began: the current
-        # estimate has already absorbed the window and would mask the change.
-        p = min(max(self._recent[0].alpha_before, 0.01), 0.99)
-        hits = sum(1 for o in self._recent if o.accepted > 0)
-        if _binomial_tail(hits, len(self._recent), p) < self._change_p:
-            # Forget the old regime; the newest half of the window is the best
-            # evidence about the new one (the older half may straddle the change).
-            self.resets += 1
-            keep = list(self._recent)[len(self._recent) // 2:]
-            self._restart()
-            self._recent.clear()
-            for o in keep:
-                self._count(o.drafted, o.accepted)
+        self._count(accepted, rejected)
 
     def _restart(self) -> None:
         # The prior lives in the depth-1 counts and decays with them, so after
         # enough evidence it leaves no floor under the estimate.
         self._alphas, self._array = None, None
-        self._succ = [0.0] * self.max_depth
-        self._fail = [0.0] * self.max_depth
-        self._succ[0] = self._prior_alpha * self._prior_strength
-        self._fail[0] = (1.0 - self._prior_alpha) * self._prior_strength
+        self._depths = [Tally() for _ in range(self.max_depth)]
+        self._depths[0] = Tally(self._prior_alpha * self._prior_strength,
+                                (1.0 - self._prior_alpha) * self._prior_strength)
         self._top = 1
 
-    def _count(self, drafted: int, accepted: int) -> None:
+    def _count(self, accepted: int, rejected: bool) -> None:
         self._alphas, self._array = None, None
-        succ, fail, gamma = self._succ, self._fail, self._gamma
-        for i in range(self._top):
-            succ[i] *= gamma
-            fail[i] *= gamma
-        for i in range(min(accepted, self.max_depth)):
-            succ[i] += 1.0
-        if accepted < min(drafted, self.max_depth):
-            fail[accepted] += 1.0
-        self._top = max(self._top, min(accepted + 1, drafted, self.max_depth))
+        accepted = min(accepted, self.max_depth)
+        failed = accepted if rejected and accepted < self.max_depth else -1
+        self._top = max(self._top, min(accepted + rejected, self.max_depth))
+        gamma = self._gamma
+        for i, tally in enumerate(self._depths[:self._top]):
+            tally.add(1.0 if i < accepted else 0.0, 1.0 if i == failed else 0.0, gamma)

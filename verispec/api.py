@@ -9,7 +9,7 @@ import torch
 
 from . import proposers  # noqa: F401  (registers every proposer)
 from .config import DEFAULT_SPEC, SamplingParams, SpecConfig
-from .engine import Step, validate_prompt
+from .engine import validate_prompt
 from .grammar import Constraint, ll_tokenizer
 from .metrics import Stats
 from .models.base import TargetModel
@@ -18,11 +18,10 @@ from .models.loading import DEFAULT_MODEL, load_target
 from .models.quant_draft import quantized_draft
 from .processors import TokenLogprob, logprob_rows
 from .prompt_ids import chat_ids, prediction_ids, text_ids
-from .proposers.auto_memory import AutoMemory
 from .proposers.base import ProposerSetup
 from .proposers.prediction import build_for_request
 from .proposers.suffix_store import SuffixStore
-from .request import SpecRequest, run_alone
+from .request import SpecRequest, Step, run_alone
 from .sampling import make_generator
 from .spec_text import parse_quant_source
 from .stopping import Stopper, held_back, trim_at_stop
@@ -137,12 +136,6 @@ class Engine:
         # Past outputs that `suffix` drafts from, shared by every request of this engine
         # (and so by every request a server runs); replace it to change its bounds.
         self.suffix_store = SuffixStore()
-        # `auto`'s measured price per candidate call and its costly candidates' rests,
-        # carried from request to request.
-        self.auto_memory = AutoMemory()
-        # The rests of a costly proposer under adaptive k whose drafts lost time in a
-        # request (request.SpecRequest), judged as `auto` judges its candidates.
-        self.rests = AutoMemory()
 
     # -- text edges ---------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -232,20 +225,18 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)
         proposer = build_for_request(ProposerSetup(
             self.target, spec, sampling, generator,
-            {"load_draft": self.load_draft, "suffix_store": self.suffix_store,
-             "auto_memory": self.auto_memory}, tuple(prediction or ())))
+            {"load_draft": self.load_draft, "suffix_store": self.suffix_store},
+            tuple(prediction or ())))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
-                      adaptive=spec.adaptive or spec.proposer == "auto",
+                      adaptive=spec.adaptive,
                       weights=self.weights, backend=self.backend_note,
                       predicted=prediction is not None)
-        # A request with a prediction never rests: its drafts are mostly the prediction's.
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
-                           constraint=self.constraint(sampling, spec.grammar_forced),
-                           rests=None if prediction else self.rests)
+                           constraint=self.constraint(sampling, spec.grammar_forced))
 
     def constraint(self, sampling: SamplingParams,
                    draft_forced: bool = True) -> Constraint | None:

@@ -18,7 +18,7 @@ EPILOG = """examples:
   verispec generate --prompt "Summarize: ..." --chat
   verispec generate --prompt-file doc.txt --proposer ngram --k 6 --json
   verispec generate --prompt "Once upon a time" --proposer self:12
-  verispec generate --prompt "Once upon a time" --proposer auto --tree auto
+  verispec generate --prompt "Once upon a time" --proposer eagle --tree 16
   verispec generate --chat --prompt-file edit_request.txt --prediction-file original.py
   verispec calc --alpha 0.8 --k 4 --verify-overhead 0.1
 """

@@ -83,9 +83,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "n-gram pool; see --lookahead-window), "
                         "draft (a small model or self:L), self:L (short for --proposer draft "
                         "--draft self:L), eagle / medusa (trained heads on the "
-                        "target's hidden states), auto (each step the candidate that pays best, "
-                        "keyed on n-gram lookup's match length: ngram, suffix, the shipped heads, the "
-                        "--draft model if given, or none), none (plain decoding)")
+                        "target's hidden states), auto (each step ngram or suffix, whichever "
+                        "matched the longer suffix), none (plain decoding)")
     p.add_argument("--k", default="auto",
                    help="draft tokens per target pass; 0 = plain decoding; auto (default) = "
                         "choose k each step to maximize tokens/s, capped by --k-max")
@@ -97,15 +96,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "target's first L layers (no extra weights), or quant:Q4_0[:L] for the "
                         "target's own layers cast at load to Q4_0 (or Q4_1, Q5_0, Q5_1, Q8_0), "
                         "optionally only the first L, run by verispec's kernels")
-    p.add_argument("--tree", default="0", metavar="N|auto",
+    p.add_argument("--tree", default="0", metavar="N",
                    help="node budget of a token tree verified in one pass (ngram: one branch "
-                        "per distinct match); 0 = a chain of k tokens; auto = choose the "
-                        "budget (up to --tree-max) and the depth per step from measured "
-                        "acceptance and step times (k becomes adaptive too, capped by a numeric "
-                        "--k, or by --k-max with --k auto); with --proposer auto each candidate "
-                        "that can draft a tree does")
-    p.add_argument("--tree-max", type=int, default=32,
-                   help="with --tree auto: the largest node budget considered (default 32)")
+                        "per distinct match); 0 = a chain of k tokens")
     p.add_argument("--tree-shape", default="dynamic", choices=TREE_SHAPES,
                    help="with --tree, for draft / eagle / medusa: dynamic = EAGLE-2's tree, "
                         "growing the branches with the highest cumulative draft probability and "
@@ -220,7 +213,7 @@ def spec_from(args: argparse.Namespace) -> SpecConfig:
     """The SpecConfig that the flags of `add_spec_args` describe."""
     head_vocab = SpecConfig.head_vocab if args.head_vocab is None else args.head_vocab
     return parse_spec(proposer=args.proposer, k=args.k, k_max=args.k_max, draft=args.draft,
-                      tree=args.tree, tree_max=args.tree_max, tree_shape=args.tree_shape,
+                      tree=args.tree, tree_shape=args.tree_shape,
                       tree_branch=args.tree_branch, profile=args.profile,
                       ngram_min=args.ngram_min, ngram_max=args.ngram_max, head=args.head,
                       head_vocab=head_vocab, head_quant=args.head_quant,

@@ -112,7 +112,6 @@ class SpecConfig:
     tree_shape: str = "dynamic"  # model-drafted trees: "dynamic" (EAGLE-2: best cumulative
     # draft probability) or "topb" (every node's tree_branch best children, breadth-first)
     tree_branch: int = 4  # children per expanded node (and expanded nodes per depth, dynamic)
-    tree_auto: bool = False  # choose the node budget per step (up to `tree`), with k; needs adaptive
     ngram_min: int = 1  # shortest suffix the n-gram proposer tries to match
     ngram_max: int = 4  # longest suffix it tries first
     head: str | None = None  # for proposer=eagle|medusa: a head directory; None = the shipped one
@@ -131,8 +130,6 @@ class SpecConfig:
     # token drawn from the continuation frequencies, verified against them (docs/sampling.md)
     grammar_forced: bool = True  # under a grammar, draft the tokens it forces first (one-hot);
     # off only to measure what they bring (docs/structured_outputs.md)
-    auto_caution: float = 1.0  # auto: price each candidate this many standard errors below
-    # its measured acceptance (acceptance.Tally.lower), against the winner's curse; 0 = as measured
 
     def __post_init__(self) -> None:
         if self.k < 0:
@@ -142,9 +139,6 @@ class SpecConfig:
         if self.tree_shape not in TREE_SHAPES:
             raise ValueError(f"tree_shape must be one of {', '.join(TREE_SHAPES)}, "
                              f"got {self.tree_shape!r}")
-        if self.tree_auto and not (self.adaptive and self.tree):
-            raise ValueError("tree_auto chooses a node budget up to `tree` together with k: "
-                             "it needs adaptive=True and tree > 0 (the cap)")
         if self.head_vocab < 0:
             raise ValueError(f"head_vocab must be >= 0 (0 = the head's whole draft vocabulary), "
                              f"got {self.head_vocab}")
@@ -168,8 +162,6 @@ class SpecConfig:
             # means its whole step, so the request's cache makes room for it.
             object.__setattr__(self, "tree", (self.lookahead_window + self.lookahead_guesses)
                                * (self.lookahead_ngram - 1))
-        if not self.auto_caution >= 0:
-            raise ValueError(f"auto_caution must be >= 0, got {self.auto_caution}")
         if self.lossy_typical and self.tree:
             raise ValueError("lossy_typical verifies chains; it cannot be combined with a tree")
         if self.proposer == "draft" and not self.draft:

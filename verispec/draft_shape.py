@@ -8,9 +8,8 @@ adaptive depth feeds about N nodes at every k. A policy that priced k as a chain
 3-node lookahead step as a 2-row pass, and on a CPU whose T(n) rises steeply it
 would draft where plain decoding is faster. So a policy learns, per requested k,
 the discounted mean of positions fed and of the depth the proposal reached, prices
-k at that width and expects tokens only down to that depth: the adaptive k of one
-proposer (verispec.policy.AdaptiveK) and `auto`'s plan, per candidate
-(verispec.plan.AutoPolicy).
+k at that width and expects tokens only down to that depth (verispec.policy.AdaptiveK;
+a batch allocator reads the same tables from the request's quote).
 
 A k never seen borrows from the nearest seen k: its depth, cut at k or extended as far
 as that k's proposals filled their levels, and its width, one node per depth gained or
@@ -32,7 +31,7 @@ class DraftShape:
     """Per requested draft length k: discounted means of the positions a step fed and
     the depth its proposal reached. Unobserved, every k is a chain of k."""
 
-    def __init__(self, half_life: float = 16.0) -> None:
+    def __init__(self, half_life: float) -> None:
         if half_life <= 0:
             raise ValueError(f"half_life must be > 0, got {half_life}")
         self._gamma = 0.5 ** (1.0 / half_life)

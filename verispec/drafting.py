@@ -45,8 +45,7 @@ class Drafter:
         return DraftContext(seq.tokens, seq.num_prompt, seq.hidden)
 
     def draft(self, seq: Sequence, plan: Plan) -> Drafted:
-        ctx = DraftContext(seq.tokens, seq.num_prompt, seq.hidden, tree_nodes=plan.nodes,
-                           candidate=plan.candidate)
+        ctx = DraftContext(seq.tokens, seq.num_prompt, seq.hidden)
         proposal, shadow = Proposal.empty(), None
         t0 = time.perf_counter()
         if plan.k > 0 or (plan.shadow and self.proposer.free):

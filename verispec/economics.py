@@ -58,30 +58,14 @@ def _check_cost(name: str, value: float) -> float:
     return float(value)
 
 
-# Expected tokens per target pass, E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i (Leviathan
-# et al. 2023, eq. 1): the accepted prefix plus the one token the target always adds (a
-# correction or the bonus). Written here once, in its two forms, and used by every policy:
-# the adaptive k, the tree budget, `auto`, the batch allocator, `calc`, `simulate` and the
-# replay.
-
-def chain_tokens(alpha: float, k: int) -> float:
-    """E(k) when every depth accepts with the same alpha, in closed form
-    (1 - alpha^(k+1)) / (1 - alpha); k + 1 at alpha = 1. Unchecked: for estimates."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """`chain_tokens` for a user-given alpha in [0, 1) and k >= 0 (checked)."""
-    return chain_tokens(_check_alpha(alpha), _check_k(k))
-
-
-def tokens_list(alphas: Sequence[float]) -> list[float]:
-    """E(k) for k = 0..len(alphas), with the acceptance alpha_i of depth i (of a chain, or
-    of a tree's accepted path), as plain floats: a policy asks every step for k <= ~32,
-    where numpy's per-call overhead (its caches cold after a target pass) cost more than
-    the arithmetic."""
+def tokens_per_pass(alphas: Sequence[float]) -> list[float]:
+    """E(k) = 1 + sum_{j<=k} prod_{i<=j} alpha_i for k = 0..len(alphas) (Leviathan et al.
+    2023, eq. 1): the accepted prefix plus the one token the target always adds (a
+    correction or the bonus), with the acceptance alpha_i of depth i (of a chain, or of a
+    tree's accepted path). The one E(k): the adaptive k, the batch allocator, `calc`,
+    `simulate` and the replay read it. Plain floats: a policy asks every step for a few
+    depths, where numpy's per-call overhead (its caches cold after a target pass) cost
+    more than the arithmetic."""
     tokens, reach, total = [1.0], 1.0, 1.0
     for alpha in (alphas.tolist() if isinstance(alphas, np.ndarray) else alphas):
         reach *= alpha
@@ -90,21 +74,10 @@ def tokens_list(alphas: Sequence[float]) -> list[float]:
     return tokens
 
 
-def tokens_per_pass(alphas: Sequence[float]) -> np.ndarray:
-    """`tokens_list` as an array."""
-    return np.array(tokens_list(alphas))
-
-
-def accepted_per_pass(alphas: Sequence[float]) -> np.ndarray:
-    """E(k) - 1, the expected accepted drafts, for k = 0..len(alphas)."""
-    return tokens_per_pass(alphas) - 1.0
-
-
-def depths(alphas: Sequence[float], k: int) -> np.ndarray:
-    """alpha_1..alpha_k, the last estimate reused for depths beyond those given
-    (0 when none is given)."""
-    a = np.asarray(alphas, dtype=float)
-    return np.concatenate([a[:k], np.full(max(0, k - a.size), a[-1] if a.size else 0.0)])
+def expected_tokens(alpha: float, k: int) -> float:
+    """E(k) for a user-given alpha in [0, 1) at every depth and k >= 0 (checked):
+    (1 - alpha^(k+1)) / (1 - alpha)."""
+    return tokens_per_pass([_check_alpha(alpha)] * _check_k(k))[-1]
 
 
 @dataclass(frozen=True)
@@ -118,14 +91,10 @@ class Choice:
         return self.tokens_per_pass / self.seconds_per_pass
 
 
-def best_draft(alphas: Sequence[float], seconds: Sequence[float]) -> Choice:
-    """Argmax of E(k) / seconds[k] over k = 0..len(alphas), E from per-depth acceptance."""
-    return best_rate(tokens_list(alphas), seconds)
-
-
 def best_rate(tokens: Sequence[float], seconds: Sequence[float]) -> Choice:
-    """Argmax of tokens[k] / seconds[k] over k; ties (within float noise) go to the
-    shorter draft, which wastes less if acceptance is overestimated."""
+    """Argmax of tokens[k] / seconds[k] over k, the one rate argmax (the adaptive k,
+    `calc`'s best k); ties (within float noise) go to the shorter draft, which wastes
+    less if acceptance is overestimated."""
     tokens = tokens.tolist() if isinstance(tokens, np.ndarray) else [float(t) for t in tokens]
     seconds = seconds.tolist() if isinstance(seconds, np.ndarray) else [float(s) for s in seconds]
     rates = [t / s for t, s in zip(tokens, seconds)]
@@ -134,41 +103,61 @@ def best_rate(tokens: Sequence[float], seconds: Sequence[float]) -> Choice:
     return Choice(k, tokens[k], seconds[k])
 
 
-class DraftPrice:
-    """Seconds a proposer spends per requested draft token: discounted measured seconds
-    over discounted requested tokens, the one estimate every policy prices drafts with
-    (a request's adaptive k, the batch allocator's quote, each of `auto`'s candidates).
-    Per requested token, because the request is what a policy chooses and a proposer
-    spends its time even when it finds nothing."""
+# Seconds measured on this machine are discounted with this half-life, in readings: step
+# times drift over seconds on a shared CPU (docs/notebook/redesign.md), more slowly than a
+# request's text changes character.
+COST_HALF_LIFE = 64.0
+# A reading above this multiple of the estimate is a one-off stall (a new kernel shape, a
+# GC pause) and counts as this multiple: one stall must not price a width out for good.
+STALL = 4.0
 
-    def __init__(self, half_life: float = 64.0) -> None:
+
+class WarmUp:
+    """The first reading an estimate is given may carry warm-up (a kernel's first shape,
+    cold caches): it is skipped. The one place a first reading is skipped; the estimates
+    that skip theirs hold one."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def skip(self) -> bool:
+        """True for the first reading (which the caller then ignores), False after."""
+        first, self.done = not self.done, True
+        return first
+
+
+class SecondsPerUnit:
+    """Seconds spent per unit of work: discounted measured seconds over discounted units.
+    A request's draft price is one (seconds per requested draft token: the request is what
+    a policy chooses, and a proposer spends its time even when it finds nothing), and the
+    scheduler's host work per decoding request another. The first reading is skipped
+    (`WarmUp`) and a later stall clipped (`STALL`)."""
+
+    def __init__(self, half_life: float = COST_HALF_LIFE) -> None:
         self._gamma = 0.5 ** (1.0 / half_life)
         self._seconds = 0.0
-        self._tokens = 0.0
-        self._warm = False  # a first reading was seen (and skipped)
+        self._units = 0.0
+        self._warm_up = WarmUp()
 
     @property
     def measured(self) -> float | None:
         """The measured mean alone; None before any measurement."""
-        return self._seconds / self._tokens if self._tokens else None
+        return self._seconds / self._units if self._units else None
 
-    def per_token(self, prior: float = 0.0) -> float:
-        """The estimate with `prior` seconds per token worth one requested token."""
-        return (self._seconds + prior) / (self._tokens + 1.0)
+    def per_unit(self, prior: float = 0.0) -> float:
+        """The estimate with `prior` seconds per unit worth one unit."""
+        return (self._seconds + prior) / (self._units + 1.0)
 
-    def observe(self, seconds: float, tokens: int, prior: float = 0.0) -> None:
-        """One proposal's seconds for `tokens` requested drafts (0 for a free lookup is
-        a reading; the caller leaves out steps its clock did not time). A proposer's
-        first call may carry warm-up (a kernel's first shape), so it does not count; a
-        later one-off stall is clipped at four times the estimate."""
-        if tokens <= 0 or not (seconds >= 0.0 and math.isfinite(seconds)):
+    def observe(self, seconds: float, units: int, prior: float = 0.0) -> None:
+        """`seconds` for `units` units of work (0 seconds is a reading: a free lookup; the
+        caller leaves out what its clock did not time)."""
+        if units <= 0 or not (seconds >= 0.0 and math.isfinite(seconds)):
             return
-        if not self._warm:
-            self._warm = True
+        if self._warm_up.skip():
             return
-        limit = 4.0 * self.per_token(prior) * tokens if self._tokens else math.inf
+        limit = STALL * self.per_unit(prior) * units if self._units else math.inf
         self._seconds = self._seconds * self._gamma + min(seconds, limit)
-        self._tokens = self._tokens * self._gamma + tokens
+        self._units = self._units * self._gamma + units
 
 
 @dataclass(frozen=True)
@@ -223,6 +212,9 @@ class CostModel:
 
 
 TABLE_WIDTHS = 16  # widths StepCost.table computes at least (a chain step asks for k + 1)
+# Without a measured profile a forward's time is assumed nearly flat in its width
+# (memory-bound decoding); the first measured widths rescale it.
+FLAT = CostModel(verify_overhead=0.02)
 # A predicted speedup over plain decoding that an extrapolated T(1) could be hiding: a flat
 # prior stretched from a 9-row pass misjudges T(1) by up to T(9)/T(1) (the measured curves
 # are in docs/lookahead.md and docs/suffix.md).
@@ -230,13 +222,15 @@ PLAIN_RECHECK_GAIN = 2.0
 
 
 class StepCost:
-    """Predicted seconds of one batched forward, from a prior shape and observed steps."""
+    """Predicted seconds of one batched forward, from a prior shape and observed steps.
+    `skip_first`: a request's curve skips its first reading (`WarmUp`), whose forward may
+    carry warm-up; a server's curve starts from timed forwards (serving.cost.calibrate)."""
 
     def __init__(self, prior: CostModel | None = None, fused: bool = True,
-                 half_life: float = 64.0) -> None:
-        # Without a profile assume a nearly flat curve; the first measured widths correct it.
-        self.prior = prior if prior is not None else CostModel(verify_overhead=0.02)
+                 half_life: float = COST_HALF_LIFE, skip_first: bool = False) -> None:
+        self.prior = prior if prior is not None else FLAT
         self.fused = fused
+        self._warm_up = WarmUp() if skip_first else None
         self._gamma = 0.5 ** (1.0 / half_life)
         # Plain lists, not arrays: a request observes one step and reads the table once per
         # step, and numpy's per-call overhead (its caches cold after a target pass) cost
@@ -261,6 +255,7 @@ class StepCost:
         is extrapolated down from wider passes along the prior's shape, and a flat prior
         makes plain decoding look slower than it is, which no drafting step corrects. A
         plain step is never slower than plain decoding."""
+        # A one-row reading's weight halves every half-life: under one half, none is recent.
         if not self.timed or self._weight[0] >= 0.5:
             return False
         return rate * self.table_list(1)[1] < PLAIN_RECHECK_GAIN
@@ -338,13 +333,13 @@ class StepCost:
         """Record one measured `forward_batch` over items of these widths."""
         if not widths or not (seconds > 0.0 and math.isfinite(seconds)):
             return
+        if self._warm_up is not None and self._warm_up.skip():
+            return
         total = sum(widths)
         self._grow(total)
         predicted = self.predict(widths)
         if self.timed:
-            # One-off stalls (a new kernel shape, GC) must not price a width out
-            # for good: its mean moves only when that width is run again.
-            seconds = min(seconds, 4.0 * predicted)
+            seconds = min(seconds, STALL * predicted)
         for i in self._seen:
             self._sum[i] *= self._gamma
             self._weight[i] *= self._gamma
@@ -377,15 +372,12 @@ class OptimalK:
 
 
 def optimal_k(alpha: float, cost: CostModel, k_max: int = 32) -> OptimalK:
-    """Best draft length in 0..k_max; ties go to the shorter draft (less waste
-    when alpha is overestimated)."""
+    """Best draft length in 0..k_max (`best_rate` over E(k) and the pass cost in plain
+    decode steps, so the rate is the speedup)."""
     k_max = _check_k(k_max, "k_max")
-    best = OptimalK(0, expected_speedup(alpha, 0, cost))
-    for k in range(1, k_max + 1):
-        s = expected_speedup(alpha, k, cost)
-        if s > best.speedup:
-            best = OptimalK(k, s)
-    return best
+    best = best_rate(tokens_per_pass([_check_alpha(alpha)] * k_max),
+                     [cost.pass_cost(k) for k in range(k_max + 1)])
+    return OptimalK(best.k, best.rate)
 
 
 def ceiling(cost: CostModel) -> float:

@@ -1,8 +1,8 @@
 """The mechanism of lossless speculation, on token ids only: one sequence's state,
 what one target forward feeds (`feed`), and what its output commits (`commit`:
 verify, roll back or compact the cache, stop checks). How much to draft is not
-decided here (verispec.plan), nor what to draft (verispec.drafting); the step
-loop that joins them is `verispec.request.run_alone`.
+decided here (verispec.plan), nor what to draft (verispec.drafting), nor is anything
+timed: the step that joins them, and its clock, is `verispec.request`.
 
 Cache invariant: between steps the target cache holds every committed token
 but the last one, which is fed first in the next step together with the
@@ -15,14 +15,12 @@ at the accepted prefix instead of compacted).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from .config import SamplingParams, SpecConfig
 from .grammar import Constraint, apply_mask, masked_draft_probs
-from .metrics import StepRecord
 from .models.base import BatchItem, ForwardOutput, TargetModel
 from .processors import LogitProcessor, TokenLogprob, chain_ancestry, token_logprobs
 from .proposers.base import Proposal, VerifiedRows
@@ -31,15 +29,6 @@ from .sampling import ProbRows, logits_to_probs
 from .stopping import Stopper
 from .token_tree import ROOT
 from .tree import TreeFeed, tree_ancestry, tree_feed, tree_finish
-
-
-@dataclass
-class Step:
-    tokens: list[int]  # committed this step, in order
-    finish_reason: str | None  # set on the last step: "stop" or "length"
-    logprobs: list[TokenLogprob] | None = None  # one per token, when sampling.logprobs is set
-    record: StepRecord | None = None  # this step's own record (Stats keeps growing meanwhile)
-    draft_seconds: float = 0.0  # spent proposing this step's drafts
 
 
 def validate_prompt(target: TargetModel, prompt: list[int], sampling: SamplingParams) -> None:
@@ -167,18 +156,15 @@ class Committed:
     rejected: list[int] = field(default_factory=list)  # drafts discarded, the rejected one first
     logprobs: list[TokenLogprob] | None = None  # per committed token, from its processed row
     rows: VerifiedRows | None = None  # the target's argmax at every fed row (when asked)
-    verify_seconds: float = 0.0  # the forward and the verification after it
     finish_reason: str | None = None
 
 
-def commit(seq: Sequence, draft: Draft, out: ForwardOutput, forward_seconds: float = 0.0,
-           rows: bool = False) -> Committed:
+def commit(seq: Sequence, draft: Draft, out: ForwardOutput, rows: bool = False) -> Committed:
     """Verify the drafts against the forward's logits, keep the cache's accepted rows,
     append the committed tokens up to the first stop (EOS, a stop string or
     max_new_tokens, even inside an accepted block). `rows`: also report the target's
     argmax at every fed row (`Proposer.reads_rows`) when drafts were fed; a plain step's
     one row is the committed token's, which the context already holds."""
-    t0 = time.perf_counter()
     tokens, parents = draft.nodes
     if draft.tree is not None:
         fed = draft.tree
@@ -209,7 +195,6 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, forward_seconds: flo
     logprobs = None
     if seq.sampling.logprobs is not None:
         logprobs = token_logprobs(logits[emitted_rows], verdict.tokens, seq.sampling)
-    verify_seconds = forward_seconds + time.perf_counter() - t0
     seq.hidden = hidden
     committed: list[int] = []
     for token in verdict.tokens:
@@ -229,8 +214,7 @@ def commit(seq: Sequence, draft: Draft, out: ForwardOutput, forward_seconds: flo
                      leaf=draft.tree is not None and verdict.bonus, bonus=verdict.bonus,
                      rejected=rejected,
                      logprobs=logprobs[: len(committed)] if logprobs is not None else None,
-                     rows=verified, verify_seconds=verify_seconds,
-                     finish_reason=seq.finish_reason)
+                     rows=verified, finish_reason=seq.finish_reason)
 
 
 def _verify_chain(drafts: torch.Tensor, draft_probs: torch.Tensor | None,

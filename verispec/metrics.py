@@ -43,7 +43,6 @@ class Stats:
     finish_reason: str = ""
     lossy: bool = False  # typical acceptance (SpecConfig.lossy_typical): not the model's distribution
     adaptive: bool = False  # k chosen per step (then `k` is the cap; steps hold each choice)
-    rested: bool = False  # its costly proposer was resting: decoded plainly (request.SpecRequest)
     weights: str = ""  # the target's weights: "quant" / "quant-i8" (GGUF blocks in the kernels) or "dense"
     backend: str = ""  # set where --backend auto fell back to transformers, with the reason
     # A request with a predicted output (proposers.prediction): its drafts that were
@@ -116,7 +115,6 @@ class Stats:
             "acceptance_histogram": {str(k): v for k, v in self.acceptance_histogram.items()},
             "finish_reason": self.finish_reason,
             "lossy": self.lossy,
-            **({"rested": True} if self.rested else {}),
             **({"prediction": {"accepted": self.prediction_accepted,
                                "rejected": self.prediction_rejected}} if self.predicted else {}),
             **({"weights": self.weights} if self.weights else {}),
@@ -128,8 +126,6 @@ class Stats:
         split = "/".join(f"{100 * t / total:.0f}%" for t in (
             self.time_prefill, self.time_draft, self.time_verify, self.time_other))
         k = f"auto<={self.k} (mean {self.mean_k:.1f})" if self.adaptive else str(self.k)
-        if self.rested:
-            k += " (rested: plain decoding)"
         return (f"[verispec] proposer={self.proposer} k={k} drafted={self.drafted} "
                 f"accepted={self.accepted} acceptance={100 * self.acceptance_rate:.1f}% "
                 f"tau={self.tau:.2f} target_forwards={self.target_forwards} "

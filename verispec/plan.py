@@ -1,58 +1,60 @@
-"""How much to draft: the one interface every policy implements, and the policies.
+"""How much to draft: the one interface every policy implements (the policies are in
+verispec.policy).
 
-A policy sees a request before each step and answers with a `Plan` (draft depth,
-tree node budget, whether a free proposer may make an unverified shadow guess);
-after the step it learns from the `Outcome`. A batch allocator (serving) asks
-each request for a `Quote` instead (its room, its acceptance per depth, its draft
-price), chooses the batch's draft lengths itself, and turns each into a plan with
-`Quote.plan(k)`; that plan says its step time belongs to the batch
-(`own_clock=False`), so the policy does not learn a per-request cost from it.
+A policy sees a request before each step and answers with a `Plan` (the draft
+length, whether a free proposer may make an unverified shadow guess); after the step
+it learns from the `Outcome`. A batch allocator (serving) asks each request for a
+`Quote` instead (its room, its acceptance per depth, its draft price), chooses the
+batch's draft lengths itself, and turns each into a plan with `Quote.plan(k)`; that
+plan says its step time belongs to the batch (`own_clock=False`), so the policy does
+not learn a per-request cost from it.
 
-    policy.plan(ctx, room) -> Plan          # a request that runs alone
-    policy.quote(ctx, room, cost) -> Quote  # a batch allocator's view (cost: its curve)
-    policy.observe(plan, outcome)           # after every verified step
-
-Policies: `FixedK` (the request's k), `AdaptiveKPolicy` (verispec.policy.AdaptiveK:
-rate-maximising k per step), `AdaptiveTreePolicy` (verispec.tree_policy: depth
-and node budget together, `--tree auto`) and `AutoPolicy` (`--proposer auto`:
-the candidate and its draft length together).
+    policy.plan(ctx, room) -> Plan     # a request that runs alone
+    policy.quote(ctx, room) -> Quote   # a batch allocator's view
+    policy.observe(plan, outcome)      # after every verified step
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
 from .acceptance import Evidence, Tally
-from .cadence import Explore
-from .config import SpecConfig
-from .economics import Choice, DraftPrice, StepCost, best_rate, chain_tokens, load_profile
-from .policy import AdaptiveK, StepObservation
-from .proposers.base import DraftContext, Proposer
-from .tree_policy import AdaptiveTree
+from .economics import SecondsPerUnit
 
 
 @dataclass(frozen=True)
 class Plan:
     """One step's drafting orders."""
     k: int  # drafts to ask for (a chain's length, a tree's depth), within the step's room
-    nodes: int  # this step's tree node budget; 0 drafts a chain
     shadow: bool = False  # at k = 0 a free proposer may still guess, unverified, as evidence
     evidence: Evidence | None = None  # what the proposer said before k was chosen
     own_clock: bool = True  # the step's time is this request's alone; False in a shared batch
-    candidate: str | None = None  # `auto`: the candidate proposer that drafts this step
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a policy learns from one verified step."""
-    drafted: int  # chain: drafts verified; tree: nodes verified
-    accepted: int  # accepted drafts (a tree's accepted path length)
-    tree: bool = False
-    leaf: bool = False  # tree: the accepted path ended at a leaf (nothing on it was rejected)
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0  # the forward and the verifier
+    """What one verified step tells its policy: the same meaning for a chain (node i
+    below node i - 1) and a tree."""
+    fed: int  # draft positions the forward verified (a chain's drafts, a tree's nodes)
+    reached: int  # the depth of the deepest draft fed (a chain's length)
+    accepted: int  # drafts accepted: the accepted chain prefix, or tree path
+    rejected: bool  # the draft after the accepted ones was rejected (False: none was left)
+    tree: bool = False  # a tree step: it fed `fed` nodes to reach depth `reached`
     shadow: int | None = None  # a shadow guess's first token was committed (1) or not (0)
-    depth: int = 0  # the verified proposal's deepest node (a chain's length)
+    draft_seconds: float = 0.0  # in the proposer
+    verify_seconds: float = 0.0  # the forward and the verifier; 0 from a stopped clock
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.accepted <= self.reached <= self.fed:
+            raise ValueError(f"need 0 <= accepted <= reached <= fed, got {self.accepted}, "
+                             f"{self.reached}, {self.fed}")
+        if self.shadow not in (None, 0, 1):
+            raise ValueError(f"shadow is None, 0 or 1, got {self.shadow}")
+        for name in ("draft_seconds", "verify_seconds"):
+            value = getattr(self, name)
+            if not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,6 @@ class Quote:
     fixed: bool  # drafts `room` whatever the allocator says (a fixed-k request)
     evidence: Evidence | None = None  # the key the step's outcome will be counted under
     draft_seconds: float | None = None  # measured seconds per requested draft token
-    nodes: int = 0  # the tree node budget a step keeps when its depth is chosen for it
-    candidate: str | None = None  # `auto`: the candidate these alphas and price are its
     # Positions fed and depth reached for k = 0..room (draft_shape.DraftShape.tables) when a
     # step is not a chain of k; None: a chain.
     shape: tuple[Sequence[float], Sequence[float]] | None = None
@@ -72,16 +72,22 @@ class Quote:
     def plan(self, k: int) -> Plan:
         """The plan of a step whose draft length the allocator chose (clipped to room)."""
         k = max(0, min(k, self.room))
-        return Plan(k, self.nodes, shadow=not self.fixed and self.room > 0,
-                    evidence=self.evidence, own_clock=False,
-                    candidate=self.candidate if k else None)
+        return Plan(k, shadow=not self.fixed and self.room > 0, evidence=self.evidence,
+                    own_clock=False)
+
+
+class Evidenced(Protocol):
+    """What a policy asks of a proposer (verispec.proposers.base.Proposer is one)."""
+
+    def evidence(self, ctx: Any) -> Evidence | None: ...
 
 
 @dataclass
 class PlanContext:
-    """What a policy may look at before a step."""
-    draft: DraftContext  # the committed tokens and the target's last hidden rows
-    proposer: Proposer
+    """What a policy may look at before a step: the proposer's evidence, and nothing of
+    the model (the policy side imports no torch)."""
+    draft: Any  # the proposer's view of the step (proposers.base.DraftContext)
+    proposer: Evidenced
 
     def evidence(self) -> Evidence | None:
         """The proposer's evidence (n-gram lookup: its matched suffix length); asked only
@@ -93,11 +99,8 @@ class Policy:
     """Chooses each step's plan for one request; see the module docstring."""
     adaptive = False  # chooses k per step (a batch allocator may choose it instead)
 
-    def __init__(self, nodes: int, draft_price: DraftPrice | None = None) -> None:
-        self.nodes = nodes  # the configured tree node budget (SpecConfig.tree)
-        # Seconds per requested draft token (the price a batch pays per draft); None for a
-        # policy that prices each candidate proposer itself (`auto`).
-        self.draft_price = draft_price
+    def __init__(self) -> None:
+        self.draft_price = SecondsPerUnit()  # seconds per requested draft token
         # Every drafting step's outcome, undiscounted (decay 1): what serving pools per
         # proposer when the request ends, so that the next request starts from it.
         self.outcomes = Tally()
@@ -105,18 +108,17 @@ class Policy:
     def plan(self, ctx: PlanContext, room: int) -> Plan:
         raise NotImplementedError
 
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
-        """`cost`: the batch's step-cost curve, for a policy that prices widths itself."""
+    def quote(self, ctx: PlanContext, room: int) -> Quote:
         raise NotImplementedError
 
     def plain(self, room: int) -> Plan:
         """A step where speculation is held (serving's guard): a fixed k still drafts, an
         adaptive request decodes plainly, with no shadow guess, whose host time is then cost."""
-        return Plan(0 if self.adaptive else room, self.nodes, own_clock=False)
+        return Plan(0 if self.adaptive else room, own_clock=False)
 
     def observe(self, plan: Plan, outcome: Outcome) -> None:
-        if outcome.drafted:
-            self.outcomes.add(outcome.accepted, outcome.accepted < outcome.drafted, 1.0)
+        if outcome.fed:
+            self.outcomes.add(outcome.accepted, outcome.rejected, 1.0)
         self._learn(plan, outcome)
 
     def seed(self, alpha: float, strength: float) -> None:
@@ -125,204 +127,7 @@ class Policy:
 
     @property
     def seconds_per_draft(self) -> float | None:
-        return self.draft_price.measured if self.draft_price is not None else None
+        return self.draft_price.measured
 
     def _learn(self, plan: Plan, outcome: Outcome) -> None:
         raise NotImplementedError
-
-
-class FixedK(Policy):
-    """Drafts the request's k (its room) every step."""
-
-    def __init__(self, nodes: int) -> None:
-        super().__init__(nodes, DraftPrice())
-        self.drafted = 0
-        self.accepted = 0
-
-    def plan(self, ctx: PlanContext, room: int) -> Plan:
-        return Plan(room, self.nodes)
-
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
-        # Only for the batch's rate estimate: a fixed request drafts what it asked for.
-        alpha = self.accepted / self.drafted if self.drafted else 0.5
-        return Quote(room, (alpha,), True, None, self.seconds_per_draft, self.nodes)
-
-    def _learn(self, plan: Plan, outcome: Outcome) -> None:
-        self.draft_price.observe(outcome.draft_seconds, plan.k)
-        self.drafted += outcome.drafted
-        self.accepted += outcome.accepted
-
-
-class AdaptiveKPolicy(Policy):
-    """The rate-maximising draft length per step (verispec.policy)."""
-    adaptive = True
-
-    def __init__(self, controller: AdaptiveK, nodes: int) -> None:
-        super().__init__(nodes, controller.draft_price)  # one price: the controller's
-        self.controller = controller
-
-    def plan(self, ctx: PlanContext, room: int) -> Plan:
-        if room <= 0:
-            return Plan(0, self.nodes)
-        evidence = ctx.evidence()
-        k = self.controller.choose(room, evidence)
-        return Plan(k, self._step_nodes(), shadow=True, evidence=evidence)
-
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
-        evidence = ctx.evidence()
-        alphas = self.controller.begin_step(evidence)  # the outcome is counted under it too
-        return Quote(room, alphas, False, evidence, self.seconds_per_draft, self.nodes,
-                     shape=self._shape(room))
-
-    def _shape(self, room: int) -> tuple[list[float], list[float]] | None:
-        shape = self.controller.shape
-        return shape.tables(room) if shape.observed else None
-
-    def seed(self, alpha: float, strength: float) -> None:
-        self.controller.seed(alpha, strength)
-
-    def _step_nodes(self) -> int:
-        return self.nodes
-
-    def _learn(self, plan: Plan, outcome: Outcome) -> None:
-        if outcome.tree:
-            # Depths along the accepted path, censored at a leaf: the acceptance per
-            # depth the controller models (tree nodes are not depths).
-            drafted, fed = outcome.accepted + (not outcome.leaf), outcome.drafted + 1
-        else:
-            drafted, fed = outcome.drafted, None
-        # A batch's forward time is not this request's; its draft time is.
-        self._observe(StepObservation(
-            plan.k, drafted, outcome.accepted, outcome.draft_seconds,
-            outcome.verify_seconds if plan.own_clock else None, fed_positions=fed,
-            tree=outcome.tree, depth=outcome.depth if outcome.tree else None), plan)
-        if outcome.shadow is not None:
-            self.controller.observe_shadow(1, outcome.shadow)
-
-    def _observe(self, obs: StepObservation, plan: Plan) -> None:
-        self.controller.observe(obs)
-
-
-class AdaptiveTreePolicy(AdaptiveKPolicy):
-    """Depth and node budget per step (verispec.tree_policy, `--tree auto`)."""
-
-    def __init__(self, controller: AdaptiveTree, nodes: int) -> None:
-        super().__init__(controller, nodes)
-
-    def _step_nodes(self) -> int:
-        return self.controller.nodes  # chosen with k by the last `choose`
-
-    def _shape(self, room: int) -> None:
-        return None  # its budgets are priced by the tree policy, not a batch's shape
-
-    def _observe(self, obs: StepObservation, plan: Plan) -> None:
-        self.controller.observe(obs, nodes=plan.nodes)
-
-
-def policy_for(spec: SpecConfig) -> Policy:
-    if spec.proposer == "auto":
-        return AutoPolicy(spec)
-    if not spec.adaptive:
-        return FixedK(spec.tree)
-    chain = AdaptiveK(load_profile(spec.profile) if spec.profile else None)
-    if spec.tree_auto:
-        return AdaptiveTreePolicy(AdaptiveTree(chain, spec.tree), spec.tree)
-    return AdaptiveKPolicy(chain, spec.tree)
-
-
-@dataclass(frozen=True)
-class Pick:
-    """`auto`'s best candidate for a step, and what it was priced with."""
-    candidate: str
-    choice: Choice  # its rate-maximising draft length (k >= 1) and that pass
-    alpha: float
-    price: float | None  # measured seconds per requested draft token
-
-
-class AutoPolicy(Policy):
-    """`--proposer auto`: which candidate drafts and how much, chosen together, so that
-    one controller decides (the candidates draft what the plan orders).
-
-    For candidate c at draft length j <= room, a pass commits E_c(j) =
-    chain_tokens(alpha_c, depth_c(j)) tokens (alpha_c: its acceptance under the step's
-    evidence key, `SpecConfig.auto_caution` standard errors down, since the best of several
-    few-outcome estimates is the luckiest one (acceptance.Tally.lower); depth_c(j): the depth
-    its proposals of j reach) and costs
-    T(1 + nodes_c(j)) + price_c * j: the request's step-cost curve at the width the pass
-    feeds (c's draft_shape.DraftShape, so a tree or a wide lookahead step is priced as
-    the wider pass it is, capped at the tree budget) plus c's draft price. The argmax
-    over (c, j), plain decoding (j = 0) included, is the plan; every `explore_every`-th
-    drafting step drafts one more or one fewer (cadence.Explore), so that the widths next
-    to the choice are measured too, and a plain step re-times T(1) when it has gone
-    stale and the plan's gain is not clear (StepCost.plain_due). At j = 0 `auto` is still asked for its free
-    candidates' guesses and due probes (AutoProposer.free), so no choice is absorbing.
-    """
-    adaptive = True
-
-    def __init__(self, spec: SpecConfig, explore_every: int = 16,
-                 half_life: float = 64.0) -> None:
-        super().__init__(spec.tree)
-        self.caution = spec.auto_caution
-        prior = load_profile(spec.profile) if spec.profile else None
-        self.curve = StepCost(prior, fused=True, half_life=half_life)
-        self._explore = Explore(explore_every)
-        self._warm = False  # a timed step has been seen (and skipped: warm-up)
-
-    def pick(self, ctx: PlanContext, room: int, cost: StepCost) -> Pick | None:
-        """The candidate with the highest rate at some draft length 1..room on `cost`."""
-        auto, best = ctx.proposer, None
-        cap = max(room, self.nodes)
-        table = cost.table_list(1 + cap)  # plain floats: this runs every step
-        prior = cost.prior.draft_cost * table[1]
-        for name, alpha in auto.alphas(ctx.draft, self.caution).items():
-            if alpha <= 0.0:
-                continue  # nothing to draft (a free candidate without a match) or no hope
-            track = auto.tracks[name]
-            price = track.price.per_token(prior) if cost.timed else prior
-            nodes, depth = track.shape.tables(room)  # what a step of j feeds and reaches
-            if best is not None and alpha < 1.0:
-                # An endless chain at its cheapest pass (one draft) bounds every length's
-                # rate: a candidate that cannot pass the best so far is not priced.
-                cheapest = table[round(1 + min(nodes[1], cap))] + price
-                if 1.0 / (1.0 - alpha) / cheapest <= best.choice.rate * (1.0 + 1e-9):
-                    continue
-            tokens = [chain_tokens(alpha, depth[j]) for j in range(1, room + 1)]
-            seconds = [table[round(1 + min(nodes[j], cap))] + price * j
-                       for j in range(1, room + 1)]
-            choice = best_rate(tokens, seconds)
-            choice = Choice(choice.k + 1, choice.tokens_per_pass, choice.seconds_per_pass)
-            if best is None or choice.rate > best.choice.rate * (1.0 + 1e-9):
-                best = Pick(name, choice, alpha, track.price.measured)
-        return best
-
-    def plan(self, ctx: PlanContext, room: int) -> Plan:
-        pick = self.pick(ctx, room, self.curve) if room > 0 else None
-        evidence = ctx.evidence()
-        if pick is None or pick.choice.rate <= 1.0 / self.curve.table_list(1)[1] * (1.0 + 1e-9):
-            return Plan(0, self.nodes, shadow=room > 0, evidence=evidence)
-        if self.curve.plain_due(pick.choice.rate):
-            # Time T(1) again (economics.StepCost.plain_due); free guesses still score.
-            return Plan(0, self.nodes, shadow=True, evidence=evidence)
-        k, turn = pick.choice.k, self._explore.tick()
-        if turn is not None:
-            k = min(k + 1, room) if turn % 2 == 0 else k - 1
-        return Plan(k, self.nodes, shadow=True, evidence=evidence,
-                    candidate=pick.candidate if k else None)
-
-    def quote(self, ctx: PlanContext, room: int, cost: StepCost | None = None) -> Quote:
-        pick = self.pick(ctx, room, cost if cost is not None else self.curve) if room else None
-        evidence = ctx.evidence()
-        if pick is None:
-            return Quote(room, (0.0,), False, evidence, None, self.nodes)
-        shape = ctx.proposer.tracks[pick.candidate].shape
-        return Quote(room, (pick.alpha,), False, evidence, pick.price, self.nodes,
-                     candidate=pick.candidate,
-                     shape=shape.tables(room) if shape.observed else None)
-
-    def _learn(self, plan: Plan, outcome: Outcome) -> None:
-        if not (plan.own_clock and outcome.verify_seconds):
-            return
-        if not self._warm:
-            self._warm = True  # a request's first timed step may carry warm-up
-            return
-        self.curve.observe([outcome.drafted + 1], outcome.verify_seconds)

@@ -1,35 +1,51 @@
-"""One request's speculation, one target forward at a time, and the loop that
-runs it alone. The step, in order:
+"""One request's speculation, one target forward at a time: where the mechanism
+(verispec.engine), the drafting (verispec.drafting) and the policy (verispec.plan)
+meet. The step, in order:
 
-    plan = policy.plan(ctx, room)            # how much to draft (verispec.plan)
-    drafted = drafter.draft(seq, plan)       # what to draft (verispec.drafting)
-    out = forward(feed(seq, drafted.draft))  # one target pass (verispec.engine)
-    committed = commit(seq, drafted.draft, out)   # verify, roll back, stop
-    policy.observe(plan, outcome)            # learn
-    record, yield
+    prepare(plan):                             # before the forward
+        plan = policy.plan(ctx, room)          #   how much to draft (unless a batch chose)
+        drafted = drafter.draft(seq, plan)     #   what to draft
+        item = feed(seq, drafted.draft)        #   the forward's arguments
+    out = forward(item)                        # one target pass: `run_alone`, or a batch's
+    complete(out):                             # after it
+        committed = commit(seq, drafted.draft, out)   # verify, roll back, stop
+        drafter.after(seq, committed)          #   the proposer's hooks
+        policy.observe(plan, outcome)          #   learn
+        record                                 #   stats, and the step for the caller
 
-`SpecRequest.prepare(plan)` / `complete(out)` split the same step around a forward
-that someone else runs, fused with other requests' (verispec.serving.scheduler):
-a request's state lives in the request and its own cache only.
+`run_alone` runs that step with one plain `target.forward`; the serving scheduler
+(verispec.serving.scheduler) runs the same `prepare` / `complete` around a forward fused
+with other requests'. A request's state lives in the request and its own cache only.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from .config import SamplingParams, SpecConfig
 from .drafting import Drafted, Drafter
-from .economics import StepCost
-from .engine import Committed, Step, commit, feed, new_sequence, prefill_item, prefilled
+from .engine import Committed, commit, feed, new_sequence, prefill_item, prefilled
 from .grammar import Constraint
 from .metrics import Stats, StepRecord
 from .models.base import BatchItem, ForwardOutput, TargetModel
-from .plan import FixedK, Outcome, Plan, PlanContext, Policy, Quote, policy_for
-from .proposers.auto_memory import AutoMemory, Ledger
+from .plan import Outcome, Plan, PlanContext, Policy, Quote
+from .policy import policy_for
+from .processors import TokenLogprob
 from .proposers.base import Proposer
 from .stopping import Stopper
+
+
+@dataclass
+class Step:
+    """What one decode step committed, for the caller (a stream, a server's response)."""
+    tokens: list[int]  # committed this step, in order
+    finish_reason: str | None  # set on the last step: "stop" or "length"
+    logprobs: list[TokenLogprob] | None = None  # one per token, when sampling.logprobs is set
+    record: StepRecord | None = None  # this step's own record (Stats keeps growing meanwhile)
+    draft_seconds: float = 0.0  # spent proposing this step's drafts
 
 
 class SpecRequest:
@@ -39,34 +55,17 @@ class SpecRequest:
     item>; step = r.complete(out, seconds)`. `plan` None lets the request's own
     policy plan; a batch allocator passes `r.quote().plan(k)`. `complete` returns
     None after the prefill and a `Step` after every decode forward.
-
-    `rests` (the Engine's): a costly proposer under adaptive k is judged at the
-    request's end as `auto` judges a costly candidate (auto_memory: what its drafting
-    steps committed, at the rate of the request's plain steps, against their wall
-    time). After a loss the next requests rest: they decode plainly, without its
-    hidden rows, probes or per-step planning, for a number of requests that doubles
-    while it keeps losing.
     """
 
     def __init__(self, target: TargetModel, prompt: list[int], sampling: SamplingParams,
                  spec: SpecConfig, proposer: Proposer, stopper: Stopper,
                  generator: torch.Generator, stats: Stats,
-                 constraint: Constraint | None = None, policy: Policy | None = None,
-                 rests: AutoMemory | None = None) -> None:
+                 constraint: Constraint | None = None, policy: Policy | None = None) -> None:
         self.started = time.perf_counter()
         self.spec, self.stats = spec, stats
         self.policy = policy if policy is not None else policy_for(spec)
-        judged = (rests is not None and self.policy.adaptive and proposer.drafts
-                  and not proposer.free)
-        self._rest_key = f"{stats.proposer}{'/tree' if spec.tree else ''}"
-        self.resting = judged and rests.skip(self._rest_key)
-        if self.resting:
-            self.policy = FixedK(spec.tree)  # at room 0: plain steps, nothing planned
-        stats.rested = self.resting
-        self._rests = rests if judged and not self.resting else None
-        self._drafting = Ledger()  # the drafting steps; the stats hold the whole request
         self.seq = new_sequence(target, prompt, sampling, spec, stopper, generator, constraint,
-                                () if self.resting else proposer.hidden_layers)
+                                proposer.hidden_layers)
         self.drafter = Drafter(proposer)
         self._pending: tuple[Plan, Drafted] | None = None
         self._prefilling = False
@@ -103,8 +102,8 @@ class SpecRequest:
 
     def room(self) -> int:
         """The most draft tokens the next step may verify: the request's k within
-        max_new_tokens and the context; 0 for a proposer that never drafts or rests."""
-        return self.seq.room(self.spec.k) if self.proposer.drafts and not self.resting else 0
+        max_new_tokens and the context; 0 for a proposer that never drafts."""
+        return self.seq.room(self.spec.k) if self.proposer.drafts else 0
 
     def context(self) -> PlanContext:
         return PlanContext(self.drafter.context(self.seq), self.proposer)
@@ -112,11 +111,10 @@ class SpecRequest:
     def plan(self) -> Plan:
         return self.policy.plan(self.context(), self.room())
 
-    def quote(self, cost: StepCost | None = None) -> Quote:
+    def quote(self) -> Quote:
         """For a batch allocator: this request's next step, priced (adaptive requests
-        count the step's outcome under the evidence quoted); `cost`: the batch's
-        step-cost curve, for a policy that prices widths itself (`auto`)."""
-        return self.policy.quote(self.context(), self.room(), cost)
+        count the step's outcome under the evidence quoted)."""
+        return self.policy.quote(self.context(), self.room())
 
     # -- one step around a forward someone else runs -------------------------
     def prepare(self, plan: Plan | None = None) -> BatchItem:
@@ -143,16 +141,18 @@ class SpecRequest:
         if self._pending is None:
             raise RuntimeError("complete() without a prepared forward")
         (plan, drafted), self._pending = self._pending, None
-        committed = commit(self.seq, drafted.draft, out, forward_seconds,
-                           rows=self.proposer.reads_rows)
+        t0 = time.perf_counter()
+        committed = commit(self.seq, drafted.draft, out, rows=self.proposer.reads_rows)
+        verify_seconds = forward_seconds + time.perf_counter() - t0
         self.drafter.after(self.seq, committed)
-        self.policy.observe(plan, outcome(drafted, committed))
-        return self.record(plan, drafted, committed)
+        self.policy.observe(plan, outcome(drafted, committed, verify_seconds))
+        return self.record(plan, drafted, committed, verify_seconds)
 
-    def record(self, plan: Plan, drafted: Drafted, committed: Committed) -> Step:
+    def record(self, plan: Plan, drafted: Drafted, committed: Committed,
+               verify_seconds: float) -> Step:
         stats = self.stats
         stats.time_draft += drafted.seconds
-        stats.time_verify += committed.verify_seconds
+        stats.time_verify += verify_seconds
         # A step that drafts nothing is a plain step, whoever drafted the one before it.
         record = StepRecord(self.proposer.active if plan.k else "none", plan.k, committed.drafted,
                             committed.num_accepted, len(committed.tokens),
@@ -162,25 +162,11 @@ class SpecRequest:
         if self.seq.constraint is not None:
             stats.time_grammar = self.seq.constraint.seconds
             stats.grammar_forced = self.seq.constraint.forced_drafts
-        since = max(stats.time_total, stats.time_prefill)  # the last step's end
         stats.time_total = time.perf_counter() - self.started
-        if self._rests is not None:
-            self._judge(plan, len(committed.tokens), stats.time_total - since)
         if committed.finish_reason:
             stats.finish_reason = committed.finish_reason
         return Step(committed.tokens, committed.finish_reason, committed.logprobs, record,
                     drafted.seconds)
-
-    def _judge(self, plan: Plan, tokens: int, seconds: float) -> None:
-        """Book a drafting step's `seconds`, from the last step's end (its host work, drafts
-        and pass; a batch's step in serving); at the request's end, the verdict against
-        every step since the prefill."""
-        if plan.k:
-            self._drafting.add(tokens, seconds)
-        if self.seq.finished:
-            stats = self.stats
-            self._rests.judge(self._rest_key, self._drafting.verdict(
-                stats.generated, stats.time_total - stats.time_prefill))
 
     def release(self) -> None:
         """Drop the cache (and the proposer, which may own a draft cache) now,
@@ -190,14 +176,17 @@ class SpecRequest:
         self.drafter = None
 
 
-def outcome(drafted: Drafted, committed: Committed) -> Outcome:
+def outcome(drafted: Drafted, committed: Committed, verify_seconds: float) -> Outcome:
     tree = drafted.draft.tree
-    # The engine may have cut the tree to a prefix of its nodes; none lies deeper than that.
-    depth = (min(tree.tree.max_depth, committed.drafted) if tree is not None
-             else committed.drafted)
-    return Outcome(committed.drafted, committed.num_accepted, tree is not None,
-                   committed.leaf, drafted.seconds, committed.verify_seconds,
-                   drafted.shadow_matched(committed.tokens), depth)
+    if tree is None:
+        reached, rejected = committed.drafted, committed.num_accepted < committed.drafted
+    else:
+        # The engine may have cut the tree to a prefix of its nodes; none lies deeper than
+        # that. A path that ended at a leaf had nothing left to reject.
+        reached, rejected = min(tree.tree.max_depth, committed.drafted), not committed.leaf
+    return Outcome(committed.drafted, reached, committed.num_accepted, rejected,
+                   tree=tree is not None, shadow=drafted.shadow_matched(committed.tokens),
+                   draft_seconds=drafted.seconds, verify_seconds=verify_seconds)
 
 
 def forward(target: TargetModel, item: BatchItem) -> ForwardOutput:
@@ -206,18 +195,13 @@ def forward(target: TargetModel, item: BatchItem) -> ForwardOutput:
 
 
 def run_alone(target: TargetModel, request: SpecRequest) -> Iterator[Step]:
-    """Drive one request with one plain `target.forward` per step."""
-    seq, drafter, policy = request.seq, request.drafter, request.policy
-    if not seq.prefilled:
-        request.complete(forward(target, request.prepare()))
-    while not seq.finished:
-        plan = policy.plan(request.context(), request.room())
-        drafted = drafter.draft(seq, plan)
+    """Drive one request with one plain `target.forward` per step: the scheduler's
+    `prepare` / `complete`, with a forward of its own."""
+    while not request.finished:
+        item = request.prepare()
         t0 = time.perf_counter()
-        out = forward(target, feed(seq, drafted.draft))
-        committed = commit(seq, drafted.draft, out, time.perf_counter() - t0,
-                           rows=drafter.proposer.reads_rows)
-        drafter.after(seq, committed)
-        policy.observe(plan, outcome(drafted, committed))
-        yield request.record(plan, drafted, committed)
+        out = forward(target, item)
+        step = request.complete(out, time.perf_counter() - t0)
+        if step is not None:  # None: the prefill
+            yield step
 

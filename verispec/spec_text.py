@@ -2,7 +2,7 @@
 
 Every edge reads user text through `parse_spec`: `verispec generate` flags,
 `verispec serve` defaults, the HTTP `speculation` object and `verispec bench`'s
-proposer tokens (`ngram+tree=auto+head=DIR`, `self:8`, via `parse_token`). The
+proposer tokens (`ngram+tree=16+head=DIR`, `self:8`, via `parse_token`). The
 edges only gather the typed values into a mapping keyed by `FIELDS`, so a
 spelling accepted in one place is accepted in all of them.
 
@@ -10,8 +10,7 @@ Typed forms (strings as typed, or already-typed numbers):
   proposer   a registered name (ngram, suffix, lookahead, draft, eagle, medusa, auto, none) or a
              draft source (`self:L`), which means proposer draft with that draft
   k          a whole number (fixed), or `auto`: chosen per step, capped by k_max
-  tree       a whole number (node budget), `auto` (budget chosen per step up to
-             tree_max, which makes k adaptive too), or `k` (as many nodes as k)
+  tree       a whole number (node budget), or `k` (as many nodes as k)
   draft      a model path or a draft source (`DRAFT_SOURCES`)
 
 Extending it: a new proposer registers itself in `verispec.proposers` and is
@@ -68,9 +67,9 @@ DRAFT_SOURCES: dict[str, Callable[[str], None]] = {
 }
 
 # Every field a user may type, with its default when not typed. Fields named like a
-# SpecConfig field fill it; k_max and tree_max are the caps of k=auto and tree=auto.
+# SpecConfig field fill it; k_max is the cap of k=auto.
 FIELDS: dict[str, Any] = {
-    "proposer": "ngram", "k": "auto", "k_max": 8, "tree": 0, "tree_max": 32,
+    "proposer": "ngram", "k": "auto", "k_max": 8, "tree": 0,
     "tree_shape": SpecConfig.tree_shape, "tree_branch": SpecConfig.tree_branch,
     "draft": None, "profile": None, "ngram_min": SpecConfig.ngram_min,
     "ngram_max": SpecConfig.ngram_max, "head": None, "head_vocab": SpecConfig.head_vocab,
@@ -80,10 +79,10 @@ FIELDS: dict[str, Any] = {
     "lookahead_window": SpecConfig.lookahead_window, "lookahead_ngram": SpecConfig.lookahead_ngram,
     "lookahead_guesses": SpecConfig.lookahead_guesses,
     "frequency_drafts": SpecConfig.frequency_drafts,
-    "grammar_forced": SpecConfig.grammar_forced, "auto_caution": SpecConfig.auto_caution,
+    "grammar_forced": SpecConfig.grammar_forced,
 }
-_DERIVED = {"proposer", "k", "k_max", "tree", "tree_max", "draft"}  # not copied verbatim
-HEAD_PROPOSERS = ("eagle", "medusa", "auto")  # the proposers that read a head directory
+_DERIVED = {"proposer", "k", "k_max", "tree", "draft"}  # not copied verbatim
+HEAD_PROPOSERS = ("eagle", "medusa")  # the proposers that read a head directory
 
 
 def draft_source(text: str) -> str | None:
@@ -165,19 +164,11 @@ def parse_spec(typed: Mapping[str, Any] | None = None, **more: Any) -> SpecConfi
         values[key] = _flag(values[key], key)
     common = {key: values[key] for key in FIELDS if key not in _DERIVED}
     k_auto = str(values["k"]) == "auto"
-    tree_text = str(values["tree"])
-    tree_auto = tree_text == "auto"
     k = _whole(values["k_max"] if k_auto else values["k"], "k_max" if k_auto else "k", "auto")
-    if tree_auto:
-        tree = _whole(values["tree_max"], "tree_max", "auto")
-    elif tree_text == "k":
-        tree = k
-    else:
-        tree = _whole(values["tree"], "tree", "auto or k")
+    tree = k if str(values["tree"]) == "k" else _whole(values["tree"], "tree", "k")
     if proposer == "none":
         return _config(proposer="none", k=0, **common)
-    return _config(proposer=proposer, k=k, draft=draft, adaptive=k_auto or tree_auto,
-                   tree=tree, tree_auto=tree_auto, **common)
+    return _config(proposer=proposer, k=k, draft=draft, adaptive=k_auto, tree=tree, **common)
 
 
 def _config(**fields: Any) -> SpecConfig:
@@ -197,7 +188,7 @@ def parse_token(token: str, base: Mapping[str, Any] | None = None) -> SpecConfig
     """A proposer token: a proposer (or draft source) with `+` modifiers, each
     `+NAME=VALUE` for a FIELDS key (`-` may stand for `_`), or `+auto` for k=auto
     capped at the base k. `base`: the typed values the token modifies (bench's
-    --k and --draft). `self:4+auto`, `ngram+tree=16`, `eagle+head=runs/new+tree=auto`."""
+    --k and --draft). `self:4+auto`, `ngram+tree=16`, `eagle+head=runs/new+tree=k`."""
     name, *modifiers = token.split("+")
     values = {**(base or {}), "proposer": name}
     for modifier in modifiers:
@@ -207,11 +198,11 @@ def parse_token(token: str, base: Mapping[str, Any] | None = None) -> SpecConfig
             if str(values.get("k", "auto")) != "auto":
                 values["k_max"] = values["k"]
             values["k"] = "auto"
-        elif sep and value and key in FIELDS and key not in ("proposer", "k_max", "tree_max"):
+        elif sep and value and key in FIELDS and key not in ("proposer", "k_max"):
             values[key] = int(value) if key in _NUMBERS and value.isdigit() else value
         else:
             raise SpecError(f"proposer {token!r}: unknown modifier {modifier!r}; use +auto, "
-                            f"+tree=N|k|auto, +head=DIR or +NAME=VALUE for a setting in "
+                            f"+tree=N|k, +head=DIR or +NAME=VALUE for a setting in "
                             f"{', '.join(FIELDS)}", "proposer")
     try:
         return parse_spec(values)

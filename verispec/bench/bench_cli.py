@@ -23,7 +23,7 @@ _BENCH_EPILOG = """\
 examples:
   verispec bench --workload chat,summarize --proposer none,ngram --peers hf-plain,hf-pld --limit 2
   verispec bench --workload all --proposer none,ngram,self:8 --k 4 --max-new-tokens 128
-  verispec bench --workload my_prompts.jsonl --proposer none,ngram,auto+tree=auto
+  verispec bench --workload my_prompts.jsonl --proposer none,ngram,ngram+auto
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
   verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
   verispec bench --workload predicted-edit --proposer none,ngram+auto,ngram+auto+prediction --max-new-tokens 512
@@ -140,7 +140,6 @@ def execute(engine, plan: BenchPlan, out_dir: str | Path, progress: bool = True,
         check_equality(engine.target, prompts, records, configs, peers=peers)
     else:
         notes.append("sampling (temperature > 0): greedy-equality checks skipped")
-    notes += report.rested(records, configs)
     rows = report.summarize(records, configs)
     sweeps = report.sweep(rows, configs) if plan.sweep else []
     broken = sum(r.vs_plain.mismatch for r in rows if r.kind != PEER)
@@ -252,10 +251,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                             "\"messages\" (a chat), and optionally \"id\"")
     bench.add_argument("--proposer", default="none,ngram",
                        help="comma list: none, ngram, self:L, draft, or a registered name, "
-                            "each with optional +tree=N (token tree), +tree=auto (tree budget "
-                            "and depth chosen per step), +auto (adaptive k) or, for eagle and "
-                            "medusa, +head=DIR (a trained head other than the shipped one), "
-                            "e.g. ngram+tree=16,ngram+auto,eagle+tree=auto,eagle+head=runs/eagle; "
+                            "each with optional +tree=N (token tree), +auto (adaptive k) or, "
+                            "for eagle and medusa, +head=DIR (a trained head other than the "
+                            "shipped one), e.g. ngram+tree=16,ngram+auto,eagle+head=runs/eagle; "
                             "a token ending in +prediction sends each prompt's predicted output "
                             "(the predicted-edit workload's), which drafts first "
                             "(default none,ngram)")

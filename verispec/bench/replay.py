@@ -27,8 +27,8 @@ import statistics
 from dataclasses import dataclass
 
 from ..economics import CostModel
-from ..plan import AdaptiveKPolicy, FixedK, Outcome, PlanContext
-from ..policy import AdaptiveK
+from ..plan import Outcome, PlanContext
+from ..policy import AdaptiveK, FixedK
 from ..proposers.base import DraftContext
 from ..proposers.ngram import NgramProposer
 
@@ -52,14 +52,13 @@ def replay(prompt: list[int], output: list[int], slope: float, k: int | None,
            k_cap: int = 10, ngram: tuple[int, int] = (1, 4), keyed: bool = True) -> Replay:
     """Decode `output` again from `prompt` with n-gram drafts of length k (None:
     adaptive, capped at k_cap); a draft keeps its prefix that matches `output`.
-    `keyed` False hides the evidence from the controller (one pooled estimate).
+    `keyed` False hides the evidence from the policy (one pooled estimate).
 
-    The policy is the engine's own (verispec.plan: `FixedK`, or `AdaptiveKPolicy`
-    over `AdaptiveK`), planned and taught through its interface as `run_alone` does;
-    only the target is replaced, by `output`, and the clock, by the modelled T(n)."""
+    The policy is the engine's own (verispec.policy: `FixedK` or `AdaptiveK`), planned
+    and taught through its interface as a request is; only the target is replaced, by
+    `output`, and the clock, by the modelled T(n)."""
     proposer = NgramProposer(*ngram, frozenset()) if keyed else _Unkeyed(*ngram, frozenset())
-    policy = FixedK(0) if k is not None else \
-        AdaptiveKPolicy(AdaptiveK(CostModel(verify_overhead=slope)), 0)
+    policy = FixedK() if k is not None else AdaptiveK(k_cap, CostModel(verify_overhead=slope))
     tokens, done, passes, drafted, time = list(prompt), 0, 0, 0, 0.0
     while done < len(output):
         ctx = DraftContext(tokens, len(prompt), tree_nodes=0)
@@ -74,8 +73,9 @@ def replay(prompt: list[int], output: list[int], slope: float, k: int | None,
                 break
             accepted += 1
         seconds = 1.0 + slope * len(draft)
-        policy.observe(plan, Outcome(len(draft), accepted, verify_seconds=seconds,
-                                     shadow=int(shadow[0] == output[done]) if shadow else None))
+        policy.observe(plan, Outcome(len(draft), len(draft), accepted, accepted < len(draft),
+                                     shadow=int(shadow[0] == output[done]) if shadow else None,
+                                     verify_seconds=seconds))
         tokens += output[done:done + accepted + 1]
         done += accepted + 1
         passes, drafted, time = passes + 1, drafted + len(draft), time + seconds
@@ -83,7 +83,7 @@ def replay(prompt: list[int], output: list[int], slope: float, k: int | None,
 
 
 class _Unkeyed(NgramProposer):
-    """n-gram lookup that keeps its evidence to itself: the controller pools every step."""
+    """n-gram lookup that keeps its evidence to itself: the policy pools every step."""
 
     def evidence(self, ctx: DraftContext) -> None:
         return None

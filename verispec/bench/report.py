@@ -163,20 +163,6 @@ def summarize(records: Sequence[RunRecord], configs: Sequence[BenchConfig]) -> l
     return rows
 
 
-def rested(records: Sequence[RunRecord], configs: Sequence[BenchConfig]) -> list[str]:
-    """A note per config whose costly proposer rested on some runs (it lost time in an
-    earlier request of the session, request.SpecRequest): those runs decoded plainly."""
-    notes = []
-    for config in configs:
-        runs = [r for r in records if r.config == config.label]
-        count = sum(r.rested for r in runs)
-        if count:
-            notes.append(f"{config.label}: its proposer rested on {count} of {len(runs)} "
-                         "prompts (first repeats), which decoded plainly: its drafts had lost "
-                         "time in an earlier request of the session")
-    return notes
-
-
 def sweep(rows: Sequence[Row], configs: Sequence[BenchConfig]) -> list[SweepRow]:
     """Per workload and speculative proposer, the metrics by k and the best
     static k: by decode speedup when verispec's plain run is there, else by

@@ -114,7 +114,6 @@ class RunRecord:
     step_k: list[int] = field(default_factory=list)
     step_proposer: list[str] = field(default_factory=list)
     step_evidence: list[int | None] = field(default_factory=list)  # evidence behind an adaptive k
-    rested: bool = False  # its costly proposer rested: the run decoded plainly (SpecRequest)
     # With --repeats R: every run's wall time; `seconds` is their median. Outputs and
     # statistics are those of the first run (a seeded run repeats them exactly).
     seconds_all: list[float] = field(default_factory=list)
@@ -284,7 +283,7 @@ class Runner:
                          step_k=[step.k for step in s.steps],
                          step_proposer=[step.proposer for step in s.steps],
                          step_evidence=[step.evidence for step in s.steps],
-                         adaptive=s.adaptive, rested=s.rested,
+                         adaptive=s.adaptive,
                          **self._structured(prompt, result))
 
     def _structured(self, prompt: BenchPrompt, result) -> dict:

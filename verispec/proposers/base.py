@@ -44,9 +44,8 @@ class DraftContext:
     num_prompt: int  # how many of `tokens` are the prompt
     target_hidden: tuple[torch.Tensor, ...] = ()  # hidden states of the last committed
     # positions, for proposers that read the target's features (EAGLE, Medusa)
-    tree_nodes: int | None = None  # this step's tree node budget, from its plan (0 = a
-    # chain); None only outside the engine: the proposer's configured one
-    candidate: str | None = None  # `auto`: the candidate its plan chose to draft this step
+    tree_nodes: int | None = None  # this step's tree node budget (0 = a chain: a grammar's
+    # forced tokens); None: the proposer's configured one
 
     def tree_budget(self, configured: int) -> int:
         return configured if self.tree_nodes is None else min(self.tree_nodes, configured)
@@ -71,8 +70,8 @@ class HeldRows:
     """Target hidden rows a proposer was not called for, kept until it is.
 
     A proposer that reads the target's features (EAGLE) learns the context from
-    every step's `target_hidden`. When a step skips it (adaptive k chose 0, or
-    `auto` drafted with another candidate), the rows wait here and reach it in
+    every step's `target_hidden`. When a step skips it (adaptive k chose 0), the
+    rows wait here and reach it in
     one call: one step's rows end where the next step's begin, so together they
     cover every position since its last call. Past `max_rows` the oldest are
     dropped, which leaves the proposer a gap (acceptance, never correctness).
@@ -128,7 +127,7 @@ class Proposer(ABC):
 
     def evidence(self, ctx: DraftContext) -> Evidence | None:
         """How well this proposer can guess at ctx, known before it drafts (n-gram
-        lookup: its matched suffix length). The adaptive controller keeps acceptance
+        lookup: its matched suffix length). The adaptive policy keeps acceptance
         per evidence key and picks k from the one at hand (verispec.policy,
         "Evidence"). None: no such evidence."""
         return None

@@ -6,7 +6,7 @@ nothing can go stale after a rollback or a context shift (llama.cpp #21815).
 A tree holds one branch per distinct continuation; with SpecConfig.frequency_drafts
 a sampled request's chain is drawn from the continuation counts instead
 (verispec.proposers.ngram_sampled).
-tests/test_tree_policy.py checks it against a full scan of the context."""
+tests/test_ngram.py checks it against a full scan of the context."""
 from __future__ import annotations
 
 import torch

@@ -15,11 +15,10 @@ the code the output will rejoin.
 
 Drafting (`PredictionProposer`): while aligned, the prediction drafts the tokens
 after the cursor; otherwise the request's own proposer (`inner`) drafts, so adaptive
-k and every other proposer work as without a prediction. `auto` takes the
-prediction as one more free candidate instead (proposers.auto), priced like the
-others. The evidence of a prediction draft is keyed on how many output tokens in a
-row the cursor has followed (its own keys, apart from n-gram lookup's), so adaptive
-k learns per request how far an aligned prediction holds.
+k and every other proposer, `auto`'s rule included, work as without a prediction.
+The evidence of a prediction draft is keyed on how many output tokens in a row the
+cursor has followed (its own keys, apart from n-gram lookup's), so adaptive k
+learns per request how far an aligned prediction holds.
 
 Every draft goes through the same verification as any other proposer's: a
 one-hot draft (rejection.verify_sampling with no draft probabilities when sampling).
@@ -112,17 +111,16 @@ class PredictionAlignment:
 
 
 class PredictionProposer(Proposer):
-    """Drafts from the prediction while aligned, else from `inner` (None: nothing,
-    as `auto`'s candidate)."""
+    """Drafts from the prediction while aligned, else from `inner`."""
     name = NAME
 
-    def __init__(self, prediction: Sequence[int], eos_token_ids: frozenset[int],
-                 ngram_min: int = 1, ngram_max: int = 4, inner: Proposer | None = None) -> None:
+    def __init__(self, prediction: Sequence[int], eos_token_ids: frozenset[int], inner: Proposer,
+                 ngram_min: int = 1, ngram_max: int = 4) -> None:
         self.alignment = PredictionAlignment(prediction, ngram_min, ngram_max)
         self.eos = frozenset(eos_token_ids)
         self.inner = inner
-        self.free = inner is None or inner.free
-        self.hidden_layers = inner.hidden_layers if inner is not None else ()
+        self.free = inner.free
+        self.hidden_layers = inner.hidden_layers
         self._held = HeldRows()  # the inner proposer's hidden rows of the prediction's steps
         self._last = NAME  # who drafted the latest proposal
 
@@ -132,7 +130,7 @@ class PredictionProposer(Proposer):
 
     @property
     def reads_rows(self) -> bool:
-        return self.inner is not None and self.inner.reads_rows
+        return self.inner.reads_rows
 
     def _aligned(self, ctx: DraftContext) -> bool:
         self.alignment.follow(ctx.tokens[ctx.num_prompt:])
@@ -141,14 +139,13 @@ class PredictionProposer(Proposer):
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         if k <= 0:
             return Proposal.empty()
-        if self._aligned(ctx) or self.inner is None:
+        if self._aligned(ctx):
             self._last = NAME
             self._held.hold(ctx.target_hidden)
             found = self.alignment.continuation(k)
             cut = next((i for i, t in enumerate(found) if t in self.eos), None)
             return Proposal(torch.tensor(found if cut is None else found[:cut + 1],
                                          dtype=torch.long))
-        self._last = self.inner.name
         held = self._held.release(ctx.target_hidden)
         if held is not ctx.target_hidden:
             ctx = dataclasses.replace(ctx, target_hidden=held)
@@ -157,30 +154,23 @@ class PredictionProposer(Proposer):
         return proposal
 
     def evidence(self, ctx: DraftContext) -> Evidence | None:
-        if self._aligned(ctx) or self.inner is None:
+        if self._aligned(ctx):
             return self.alignment.evidence()
         return self.inner.evidence(ctx)
 
     def verified(self, rows: VerifiedRows) -> None:
-        if self.inner is not None and self._last != NAME:
+        if self._last != NAME:
             self.inner.verified(rows)
 
     def finished(self, ctx: DraftContext) -> None:
-        if self.inner is not None:
-            self.inner.finished(ctx)
-
-
-def predicted(setup: ProposerSetup, inner: Proposer | None = None) -> PredictionProposer:
-    """The request's prediction drafting before `inner` (None: alone, `auto`'s candidate)."""
-    spec = setup.spec
-    return PredictionProposer(setup.prediction, setup.target.eos_token_ids, spec.ngram_min,
-                              spec.ngram_max, inner)
+        self.inner.finished(ctx)
 
 
 def build_for_request(setup: ProposerSetup) -> Proposer:
     """`base.build`, with the setup's prediction drafting before the named proposer
-    (`auto` takes it as a candidate instead; plain decoding stays plain)."""
+    (`auto` included); plain decoding stays plain."""
     proposer = build(setup)
-    if setup.prediction and setup.spec.proposer != "auto" and proposer.drafts:
-        return predicted(setup, proposer)
-    return proposer
+    if not setup.prediction or not proposer.drafts:
+        return proposer
+    return PredictionProposer(setup.prediction, setup.target.eos_token_ids, proposer,
+                              setup.spec.ngram_min, setup.spec.ngram_max)

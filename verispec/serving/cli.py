@@ -72,7 +72,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--proposer", default="auto", type=proposer_arg,
-                   help="default proposer: auto (the best available), ngram, draft, self:L, "
+                   help="default proposer: auto (ngram or suffix, whichever matched longer), ngram, "
+                        "suffix, draft, self:L, "
                         "none, or any registered name; a request may choose another")
     p.add_argument("--k", default="auto",
                    help="draft tokens per step: a whole number (fixed), or auto (default): "

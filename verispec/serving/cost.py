@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from ..draft_shape import between
-from ..economics import CostModel, StepCost, accepted_per_pass, depths
+from ..economics import CostModel, StepCost, tokens_per_pass
 
 # Dense just past 16: AMX tiles hold 16 rows, and the step after a full tile of decode
 # rows costs a jump that a line through wider widths misses (docs/notebook/rounds.md,
@@ -91,8 +91,11 @@ class Candidate:
         return self.base_width + (k if self.shape is None else round(self.shape[0][k]))
 
     def gains(self, cap: int) -> list[float]:
-        """E(k) - 1 for k = 0..cap, at the depth a step of k reaches."""
-        gain = accepted_per_pass(depths(self.alphas, cap)).tolist()
+        """E(k) - 1 for k = 0..cap, at the depth a step of k reaches (depths past the
+        alphas given reuse the last one)."""
+        alphas = [float(alpha) for alpha in self.alphas[:cap]]
+        alphas += [alphas[-1] if alphas else 0.0] * (cap - len(alphas))
+        gain = [tokens - 1.0 for tokens in tokens_per_pass(alphas)]
         if self.shape is None:
             return gain
         return [between(gain, depth) for depth in self.shape[1][:cap + 1]]

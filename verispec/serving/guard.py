@@ -37,18 +37,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cadence import Backoff
+from ..cadence import LookAgain
 
 
 @dataclass
 class _Level:
     """One load level's measurements and the state of its current window."""
     rate: dict[bool, tuple[float, float]]  # mode -> discounted (tokens, seconds) over probes
-    backoff: Backoff  # leader windows between probes
+    probes: LookAgain  # leader windows between probes
     probing: bool = True  # the current window alternates the modes (the first one does)
     leader: bool = True  # the mode of a window that is not a probe (True: on)
     steps: int = 0  # measured steps into the current window
-    windows: int = 0  # leader windows since the last probe
     tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
 
@@ -100,8 +99,7 @@ class SpeculationGuard:
             return
         state.steps = 0
         if not state.probing:
-            state.windows += 1
-            state.probing = state.windows >= state.backoff.interval
+            state.probing = state.probes.due()
             return
         before = self._leader(state)
         ratio = ((state.tokens[True] / state.seconds[True])
@@ -119,10 +117,10 @@ class SpeculationGuard:
         contrary = ratio < 1.0 if before else ratio > 1.0 + 2.0 * self.edge
         steady = before is not None and state.leader == before and not contrary
         if steady:
-            state.backoff.longer()
+            state.probes.found_nothing()
         else:
-            state.backoff.reset()
-        state.probing, state.windows = False, 0
+            state.probes.found()
+        state.probing = False
 
     def _leader(self, state: _Level) -> bool | None:
         """The mode with the higher measured rate (True: on); None until measured."""
@@ -135,5 +133,5 @@ class SpeculationGuard:
         key = self.level(decoding)
         if key not in self._levels:
             self._levels[key] = _Level({True: (0.0, 0.0), False: (0.0, 0.0)},
-                                       Backoff(self.min_interval, self.max_interval))
+                                       LookAgain(self.min_interval, self.max_interval))
         return self._levels[key]

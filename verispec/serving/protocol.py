@@ -158,9 +158,9 @@ def parse_spec(raw: Speculation | None, defaults: ServeDefaults, num_layers: int
         raise APIError(str(exc), f"speculation.{field}" if field in _SPEC_FIELDS
                        else "speculation") from None
     typed_lookahead = [name for name in _LOOKAHEAD_FIELDS if getattr(raw, name) is not None]
-    if typed_lookahead and spec.proposer not in ("lookahead", "auto"):
+    if typed_lookahead and spec.proposer != "lookahead":
         raise APIError(f"speculation.{typed_lookahead[0]} sets lookahead decoding: it needs "
-                       f"proposer 'lookahead' (or 'auto'), not {spec.proposer!r}",
+                       f"proposer 'lookahead', not {spec.proposer!r}",
                        f"speculation.{typed_lookahead[0]}")
     if spec.proposer == "lookahead" and spec.tree > MAX_TREE:
         # Without "tree" a lookahead step feeds its whole window and guesses.

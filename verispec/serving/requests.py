@@ -103,7 +103,7 @@ class Speculation(Strict):
                        f"an integer in [0, {MAX_K}] or 'auto'")] = None
     tree: Optional[Annotated[int, Field(ge=0, le=MAX_TREE)]] = None
     draft: Optional[Text] = None
-    # proposer lookahead (or auto's lookahead candidate): W, N and G (docs/lookahead.md)
+    # proposer lookahead: W, N and G (docs/lookahead.md)
     lookahead_window: Optional[Annotated[int, Field(ge=1, le=64)]] = None
     lookahead_ngram: Optional[Annotated[int, Field(ge=2, le=16)]] = None
     lookahead_guesses: Optional[Annotated[int, Field(ge=0, le=64)]] = None

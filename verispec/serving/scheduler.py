@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..acceptance import Tally
-from ..cadence import Explore
-from ..economics import CostModel, DraftPrice
+from ..cadence import LookAgain
+from ..economics import CostModel, SecondsPerUnit
 from ..config import SamplingParams, SpecConfig
 from ..metrics import Stats, StepRecord
 from ..plan import Plan
+from ..policy import EXPLORE_EVERY
 from ..request import SpecRequest
 from ..models.base import TargetModel
 from .cost import Candidate, StepCost, allocate, calibrate
@@ -57,10 +58,13 @@ class SchedulerConfig:
     max_queue: int = 64  # requests waiting for a slot; more are refused
     profile: CostModel | None = None  # prior shape of T(n), from `verispec profile`
     calibrate: bool = True  # without a profile, time a few forwards at start for the prior
-    margin: float = 0.02  # drafting must lift the predicted step rate by this fraction
-    cost_half_life: float = 64.0  # steps over which old step timings lose half their weight
-    explore_every: int = 16  # every n-th step one adaptive request drafts one more or less; 0: never
-    pool_strength: float = 4.0  # pseudo-observations of the pooled acceptance a new request starts with
+    # Drafting must lift the predicted step rate by this fraction: near the break-even point
+    # a draft is as likely to cost as to pay, and plain decoding is a server's floor.
+    margin: float = 0.02
+    explore_every: int = EXPLORE_EVERY  # every n-th step one request drafts one more or less; 0: never
+    # A new adaptive request starts from its proposer's pooled acceptance worth this many
+    # outcomes: enough to skip learning from 0.5, few enough for its own to take over soon.
+    pool_strength: float = 4.0
     guard_window: int = 16  # steps per window of the realized-rate check (guard.py); 0: off
 
     def __post_init__(self) -> None:
@@ -133,8 +137,7 @@ class Scheduler:
         prior = self.config.profile
         if prior is None and self.config.calibrate:
             prior = calibrate(target)
-        self.cost = StepCost(prior, fused=target.fuses_batches,
-                             half_life=self.config.cost_half_life)
+        self.cost = StepCost(prior, fused=target.fuses_batches)
         self.guard = SpeculationGuard(self.config.guard_window) if self.config.guard_window else None
         self._cond = threading.Condition()
         self._queue: deque[Ticket] = deque()
@@ -143,12 +146,12 @@ class Scheduler:
         self._stop = False
         self._admitting = 0  # popped from the queue, not yet running: counted as busy
         self._stepping = False  # a step is in flight (its end may already have emptied the batch)
-        self._explore = Explore(self.config.explore_every)  # counts every step
+        self._explore = LookAgain(self.config.explore_every)  # counts every step
         self._guarded = 0  # decoding requests of this step if the guard's answer mattered, else 0
         self._guard_measured = False  # this step decodes only: its time is the guard's sample
         # Host seconds per decoding request of a step that no draft length changes (quotes,
         # plans, feeds; cost.allocate's H): the same discounted estimate as a draft price.
-        self._host = DraftPrice()
+        self._host = SecondsPerUnit()
         self._allocated = False  # this step's draft lengths came from the allocator
         self._caches: weakref.WeakSet = weakref.WeakSet()  # every cache a request made
         # Per proposer: discounted accepted drafts and first rejections of finished requests.
@@ -271,7 +274,7 @@ class Scheduler:
 
     def _plans(self, slots: list[_Slot]) -> list[Plan | None]:
         """Every running request's plan for this step; None for a prefill."""
-        turn = self._explore.tick()
+        turn = self._explore.looks if self._explore.due() else None
         decoding = sum(slot.request.prefilled for slot in slots)
         adaptive = any(s.request.prefilled and s.request.policy.adaptive and s.request.room()
                        for s in slots)
@@ -285,7 +288,7 @@ class Scheduler:
             self.metrics.held_by_guard()
             return [s.request.policy.plain(s.request.room()) if s.request.prefilled else None
                     for s in slots]
-        quotes = [s.request.quote(self.cost) if s.request.prefilled else None for s in slots]
+        quotes = [s.request.quote() if s.request.prefilled else None for s in slots]
         candidates = [Candidate(1, q.room, q.alphas, q.fixed, q.draft_seconds, shape=q.shape)
                       if q is not None
                       else Candidate(max(0, len(s.request.tokens) - 1), 0, (0.0,), decoding=False)
