@@ -104,3 +104,32 @@ def test_sampled_request_with_a_prediction_is_served_and_counted(client, answer)
     details = got.usage.completion_tokens_details
     assert got.usage.completion_tokens == 40
     assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+
+
+def test_streamed_usage_sums_every_choice_and_grows_with_continuous_stats(engine, client,
+                                                                           server):
+    """Completions streamed with n=2: the usage chunk (include_usage) counts both
+    choices' prediction tokens; with vLLM's continuous_usage_stats every chunk carries
+    the counts so far, which never fall and end at the final usage."""
+    prompt = "abcabcabcab"
+    want = engine.generate(prompt, SamplingParams(max_new_tokens=24), PLAIN).text
+    body = {**FIXED, "prediction": {"type": "content", "content": want}}
+    stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=24,
+                                       temperature=0, n=2, stream=True,
+                                       stream_options={"include_usage": True}, extra_body=body)
+    chunks = list(stream)
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+             for i in (0, 1)]
+    assert texts == [want, want]
+    usage = chunks[-1].usage
+    assert usage.completion_tokens == 48
+    details = usage.completion_tokens_details
+    # Each choice alone accepts at least 10 (test_completions_take_a_prediction_too).
+    assert details.accepted_prediction_tokens >= 20, details
+    stream = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body=body)
+    accepted = [c.usage.completion_tokens_details.accepted_prediction_tokens
+                for c in stream if c.usage is not None]
+    assert len(accepted) >= 3 and accepted == sorted(accepted) and accepted[-1] >= 10
+    wait_drained(server)

@@ -16,6 +16,13 @@ the code the output will rejoin.
 Drafting (`PredictionProposer`): while aligned, the prediction drafts the tokens
 after the cursor; otherwise the request's own proposer (`inner`) drafts, so adaptive
 k and every other proposer, `auto`'s rule included, work as without a prediction.
+As in `auto`'s rule, the longer match wins: when the inner proposer's evidence (n-gram
+lookup, suffix decoding, auto: its matched suffix length) is longer than the run the
+alignment has followed, the inner proposer drafts that step (not at the output's
+start, where the client's word is all there is). A model that rewrites
+more than it copies leaves the alignment on one-token re-alignments, where prompt
+lookup over the same code finds longer matches (docs/predicted_outputs.md, the
+replay).
 The evidence of a prediction draft is keyed on how many output tokens in a row the
 cursor has followed (its own keys, apart from n-gram lookup's), so adaptive k
 learns per request how far an aligned prediction holds.
@@ -123,6 +130,8 @@ class PredictionProposer(Proposer):
         self.hidden_layers = inner.hidden_layers
         self._held = HeldRows()  # the inner proposer's hidden rows of the prediction's steps
         self._last = NAME  # who drafted the latest proposal
+        self._at: int | None = None  # the context length `_lead` was decided for
+        self._lead = False
 
     @property
     def active(self) -> str:
@@ -132,14 +141,25 @@ class PredictionProposer(Proposer):
     def reads_rows(self) -> bool:
         return self.inner.reads_rows
 
-    def _aligned(self, ctx: DraftContext) -> bool:
-        self.alignment.follow(ctx.tokens[ctx.num_prompt:])
-        return bool(self.alignment.continuation(1))
+    def _leads(self, ctx: DraftContext) -> bool:
+        """The prediction drafts this step: aligned, and at the output's start or having
+        followed at least as long a run as the inner proposer matched. Every step
+        commits a token, so the context's length names the step (evidence and propose
+        ask once each)."""
+        if self._at != len(ctx.tokens):
+            self._at = len(ctx.tokens)
+            self.alignment.follow(ctx.tokens[ctx.num_prompt:])
+            self._lead = bool(self.alignment.continuation(1))
+            # At the output's start the client's word is all there is: the prediction drafts.
+            if self._lead and self.alignment.output:
+                rival = self.inner.evidence(ctx)
+                self._lead = rival is None or self.alignment.run >= rival.key
+        return self._lead
 
     def propose(self, ctx: DraftContext, k: int) -> Proposal:
         if k <= 0:
             return Proposal.empty()
-        if self._aligned(ctx):
+        if self._leads(ctx):
             self._last = NAME
             self._held.hold(ctx.target_hidden)
             found = self.alignment.continuation(k)
@@ -154,7 +174,7 @@ class PredictionProposer(Proposer):
         return proposal
 
     def evidence(self, ctx: DraftContext) -> Evidence | None:
-        if self._aligned(ctx):
+        if self._leads(ctx):
             return self.alignment.evidence()
         return self.inner.evidence(ctx)
 
