@@ -16,14 +16,9 @@ from pathlib import Path
 import openai.types.chat.completion_create_params as chat_params
 import openai.types.completion_create_params as completion_params
 import pytest
-import torch
 from typing_extensions import is_typeddict
 
-from conftest import tiny_llama
-from test_server import raw
-from verispec import Engine
-from verispec.models.llama import NativeLlama
-from verispec.models.loading import default_gguf_path, gguf_tokenizer
+from conftest import tiny_engine_default_tokenizer
 from verispec.serving import conformance
 from verispec.serving.protocol import ServeDefaults
 from verispec.serving.scheduler import SchedulerConfig
@@ -107,14 +102,10 @@ def nested_nulls(hint, value):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tokenizer = gguf_tokenizer(default_gguf_path())
-    folder = tmp_path_factory.mktemp("tiny-49k-fields")
-    tiny_llama(5, vocab=49152, layers=2).save_pretrained(folder)
-    target = NativeLlama.from_dir(folder, dtype=torch.float32)
-    target.eos_token_ids = frozenset({tokenizer.eos_token_id})
+    engine = tiny_engine_default_tokenizer(tmp_path_factory.mktemp("tiny-49k-fields"), seed=5)
     config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=4, adaptive=True),
                           SchedulerConfig(max_num_seqs=4, max_queue=16))
-    with ServerThread(create_app(Engine(target, tokenizer=tokenizer), config)) as srv:
+    with ServerThread(create_app(engine, config)) as srv:
         yield srv
 
 
@@ -229,6 +220,15 @@ def test_nulls_inside_every_nested_object(server):
                            "required": ["a"], "additionalProperties": False}}}}
     status, text, _ = post(server, "/v1/chat/completions", body)
     assert status == 200, text
+    completion = {**BASE["/v1/completions"], "stream": True, "echo": None, "best_of": None,
+                  "stream_options": {"include_usage": None, "continuous_usage_stats": None},
+                  "speculation": {"proposer": None, "k": None}, "suffix": None,
+                  "logit_bias": None}
+    status, text, _ = post(server, "/v1/completions", completion)
+    assert status == 200 and text.rstrip().endswith("data: [DONE]"), text
+    for inner in ({"type": "content", "content": None}, {"type": None, "content": "x"}):
+        status, text, _ = post(server, "/v1/chat/completions", {**chat, "prediction": inner})
+        assert status == 400 and json.loads(text)["error"]["param"].startswith("prediction."), text
 
 
 def test_the_docs_table_covers_every_field():
