@@ -6,11 +6,11 @@
 Starts `verispec serve` on the default model (or uses --url), runs every request
 template alone first (its solo reply), then for --minutes keeps --clients clients
 busy with a random mix: chat and completions, streamed and not, greedy and sampled
-(seeded, so they repeat too, and unseeded), JSON-schema response formats, forced tool
+(seeded and unseeded), JSON-schema response formats, forced tool
 calls, stop strings and predicted outputs; a tenth of the streamed requests hang up
 after their first chunk, and every --burst-every seconds a burst of requests larger
 than the batch and the queue together arrives at once. Every reply is checked: a
-deterministic one (greedy, or seeded) must equal its solo reply, a JSON-schema reply
+greedy one must equal its solo reply, a JSON-schema reply
 must validate, a tool call's arguments must validate, a predicted reply must also
 equal the same request's solo reply without the prediction, every reply id must be
 new. Each 10 s the server's RSS and its /metrics gauges are sampled. The records go
@@ -55,6 +55,7 @@ class Sample:
     at: float
     rss_mb: float | None
     gauges: dict = field(default_factory=dict)
+    load: float | None = None  # the machine's 1-minute load average (other tenants included)
 
 
 class Soak:
@@ -74,17 +75,18 @@ class Soak:
         start = time.monotonic()
         status, outcome, detail, said = None, "lost", "", None
         try:
+            hung = False
             if template.stream:
                 status, said, hung = await self._stream(client, template, hang_up)
-                outcome = "disconnected" if hung else ""
             else:
                 response = await client.post(template.route, json=template.body)
                 status = response.status_code
                 said = response.json() if status == 200 else response.text
-            if not outcome:
-                outcome, detail = self.judge(template, status, said)
+            outcome, detail = ("disconnected", "") if hung else self.judge(template, status, said)
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             detail = f"{type(exc).__name__}: {exc}"
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # a reply of the wrong shape
+            outcome, detail = "invalid", f"{type(exc).__name__}: {exc}"
         if record:
             self.records.append(Record(template.name, start - self.began,
                                        time.monotonic() - start, status, outcome, detail[:300]))
@@ -128,8 +130,11 @@ class Soak:
                 except (ValueError, jsonschema.ValidationError) as exc:
                     return "invalid", f"schema: {exc}"[:200]
             if template.tool_schema is not None and finish == "tool_calls":
-                for call in calls:
-                    jsonschema.validate(json.loads(call[1]), template.tool_schema)
+                try:
+                    for call in calls:
+                        jsonschema.validate(json.loads(call[1]), template.tool_schema)
+                except (ValueError, jsonschema.ValidationError) as exc:
+                    return "invalid", f"tool arguments: {exc}"[:200]
             if template.stop and any(s in text for s in template.stop):
                 return "invalid", "a stop string reached the reply"
         if template.prediction and "completion_tokens_details" not in (said.get("usage") or {}):
@@ -178,7 +183,7 @@ class Soak:
     async def sample(self, client) -> Sample:
         text = (await client.get("/metrics")).text
         gauges = {name: gauge(text, name) for name in GAUGES}
-        sample = Sample(time.monotonic() - self.began, rss_mb(self.pid), gauges)
+        sample = Sample(time.monotonic() - self.began, rss_mb(self.pid), gauges, load_average())
         self.samples.append(sample)
         return sample
 
@@ -251,6 +256,13 @@ def rss_mb(pid: int | None) -> float | None:
         return None
 
 
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
 def start_server(port: int, max_num_seqs: int, max_queue: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "verispec.cli", "serve", "--model", "default",
                "--port", str(port), "--max-num-seqs", str(max_num_seqs),
@@ -281,7 +293,8 @@ async def run(args: argparse.Namespace) -> dict:
         soak = Soak(url, server.pid if server else args.pid, args.seed)
         limits = httpx.Limits(max_connections=args.clients + args.burst + 8)
         async with httpx.AsyncClient(base_url=url, timeout=args.timeout, limits=limits) as client:
-            pool = templates((await client.get("/v1/models")).json()["data"][0]["id"])
+            pool = templates((await client.get("/v1/models")).json()["data"][0]["id"],
+                             args.max_tokens)
             print(f"soak: {len(pool)} templates; solo runs", file=sys.stderr)
             await soak.solo_runs(client, pool)
             soak.began = time.monotonic()
@@ -297,7 +310,7 @@ async def run(args: argparse.Namespace) -> dict:
             final = await soak.drain(client)
             stop.set()
             await sampling
-        return {"settings": vars(args), "traffic_seconds": traffic_end,
+        return {"settings": vars(args), "traffic_seconds": traffic_end, "cpus": os.cpu_count(),
                 "templates": [t.describe() for t in pool],
                 "records": [asdict(r) for r in soak.records],
                 "samples": [asdict(s) for s in soak.samples], "final": asdict(final)}
@@ -310,7 +323,7 @@ async def run(args: argparse.Namespace) -> dict:
                 server.kill()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0, help="traffic duration (default 30)")
@@ -328,12 +341,21 @@ def main() -> None:
                    help="share of streamed requests that disconnect mid-stream (default 0.1)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="cap every request's max_tokens (a quick run; default: as written)")
+    p.add_argument("--note", default="",
+                   help="a line for the report, e.g. what else ran on the machine")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = asyncio.run(run(args))
     (out / "soak.json").write_text(json.dumps(result) + "\n", encoding="utf-8")
     print(write_report(result, out))
+    return result
 
 
 if __name__ == "__main__":

@@ -62,14 +62,24 @@ def _cell(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def load_line(result: dict) -> str:
+    """The machine's load over the run: a soak is a reliability run, not a timing, and
+    latencies mean little without it."""
+    loads = [x["load"] for x in result["samples"] if x.get("load") is not None]
+    text = (f"machine load (1-minute average, {result.get('cpus', '?')} CPUs): median "
+            f"{np.median(loads):.2f}, max {max(loads):.2f}" if loads else "machine load: unknown")
+    note = result["settings"].get("note")
+    return text + (f"; {note}" if note else "")
+
+
 def markdown(result: dict, rows: list[dict], checked: dict) -> str:
     s = result["settings"]
     lines = [f"soak: {s['minutes']:g} min, {s['clients']} steady clients, a burst of "
              f"{s['burst']} every {s['burst_every']:g} s, {s['hang_up']:.0%} of streams hung "
              f"up, max_num_seqs {s['max_num_seqs']}, max_queue {s['max_queue']}; "
              f"{len(result['records'])} requests over {len(result['templates'])} templates", "",
-             "| goal | met |", "|---|---|"]
-    lines += [f"| {goal} | {'yes' if met else '**no**'} |" for goal, met in checked.items()
+             "", load_line(result), "", "| goal | result |", "|---|---|"]
+    lines += [f"| {goal} | {'PASS' if met else '**FAIL**'} |" for goal, met in checked.items()
               if not goal.startswith("_")]
     spread = checked["_rss_spread"]
     lines += ["", f"outcomes: {checked['_outcomes']}; HTTP statuses: {checked['_statuses']}; "

@@ -22,7 +22,9 @@ class Template:
     name: str
     route: str
     body: dict
-    deterministic: bool  # greedy or seeded: every reply equals the solo one
+    # Greedy: every reply equals the solo one (the lossless law). A seeded sampled reply
+    # repeats only when its draft lengths do, which adaptive k and the batch change.
+    deterministic: bool
     schema: dict | None = None  # the reply's text must validate
     tool_schema: dict | None = None  # each tool call's arguments must validate
     stop: tuple[str, ...] = ()
@@ -50,7 +52,16 @@ def _chat(model: str, text: str, **more) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": text}], **more}
 
 
-def templates(model: str) -> list[Template]:
+def templates(model: str, max_tokens: int | None = None) -> list[Template]:
+    """Every template, each request's max_tokens capped at `max_tokens` when given."""
+    out = _templates(model)
+    if max_tokens is None:
+        return out
+    return [replace(t, body={**t.body, "max_tokens": min(t.body["max_tokens"], max_tokens)})
+            for t in out]
+
+
+def _templates(model: str) -> list[Template]:
     chats = [p.messages[-1]["content"] for p in load_workload("chat", limit=4)]
     edits = load_workload("predicted-edit", limit=3)
     out: list[Template] = []
@@ -62,7 +73,7 @@ def templates(model: str) -> list[Template]:
                                 True, short=True))
             out.append(Template(f"{tag}-seeded", "/v1/chat/completions",
                                 _chat(model, text, max_tokens=48, temperature=0.8, seed=i,
-                                      stream=stream), True, short=True))
+                                      stream=stream), False, short=True))
         out.append(Template(f"chat{i}-sampled", "/v1/chat/completions",
                             _chat(model, text, max_tokens=48, temperature=1.0, n=2), False))
     for i, text in enumerate(chats[:2]):
