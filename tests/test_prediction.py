@@ -16,7 +16,10 @@ from scipy.stats import chisquare
 from conftest import CharTokenizer, tiny_target
 from verispec import Engine, Grammar, SamplingParams, SpecConfig
 from verispec.lossless import compare_greedy
-from verispec.proposers.prediction import KEY_BASE, RUN_PRIOR, PredictionAlignment
+from verispec.proposers.base import DraftContext
+from verispec.proposers.ngram import NgramProposer
+from verispec.proposers.prediction import (KEY_BASE, RUN_PRIOR, PredictionAlignment,
+                                           PredictionProposer)
 
 PROMPT = [3, 17, 4, 9, 3, 17, 4]
 PLAIN = SpecConfig("none", k=0)
@@ -66,6 +69,21 @@ def test_alignment_starts_over_on_a_context_that_is_not_an_extension():
     fresh = PredictionAlignment([5, 6, 7, 8], 1, 2)
     fresh.follow([5, 9])
     assert (align.cursor, align.run, align.output) == (fresh.cursor, fresh.run, fresh.output)
+
+
+def test_the_longer_match_drafts():
+    """As in auto's rule: a one-token re-alignment yields to n-gram lookup's longer
+    match (here a phrase of the prompt the prediction lacks); the prediction drafts at
+    the output's start and again once its run is as long."""
+    prompt, prediction = [70, 71, 72, 6, 99, 1, 2, 3], list(range(1, 10))
+    proposer = PredictionProposer(prediction, frozenset(), NgramProposer(1, 4, frozenset()))
+    assert proposer.propose(DraftContext(prompt, len(prompt)), 3).tokens.tolist() == [1, 2, 3]
+    assert proposer.active == "prediction"
+    output = [1, 2, 3, 4, 70, 71, 72, 6]
+    got = proposer.propose(DraftContext(prompt + output, len(prompt)), 2).tokens.tolist()
+    assert (got, proposer.active) == ([99, 1], "ngram")
+    got = proposer.propose(DraftContext(prompt + output + [7, 8], len(prompt)), 2).tokens.tolist()
+    assert (got, proposer.active) == ([9], "prediction")
 
 
 # -- the law, through the engine ------------------------------------------------

@@ -118,7 +118,7 @@ class PredictionAlignment:
 
 
 class PredictionProposer(Proposer):
-    """Drafts from the prediction while aligned, else from `inner`."""
+    """Drafts from the prediction while it leads (`_leads`), else from `inner`."""
     name = NAME
 
     def __init__(self, prediction: Sequence[int], eos_token_ids: frozenset[int], inner: Proposer,
