@@ -9,9 +9,10 @@ if a piece of material is missing or no longer fits its spec (a document
 outside 300-1500 tokens, a bug pattern that no longer occurs exactly once),
 instead of silently writing a different set.
 
-    python scripts/build_workloads.py            # write the eight files
+    python scripts/build_workloads.py            # write the nine files
     python scripts/build_workloads.py --check    # fail if the files differ
     python scripts/build_workloads.py --stats    # also print token statistics
+    python scripts/build_workloads.py --only predicted-edit   # write one set
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload_predicted import build_predicted  # noqa: E402
 from workload_prompts import AGENTIC_FUNCTIONS, CHAT, CODE_EDITS, CREATIVE, SUMMARIES  # noqa: E402
 from workload_structured import build_structured  # noqa: E402
 
@@ -46,12 +48,14 @@ class Built:
     content: str
     source: str
     response_format: dict | None = None  # OpenAI's shape; the bench applies it as the grammar
+    prediction: str | None = None  # a predicted output; the bench's +prediction configs send it
 
     def line(self) -> str:
         record = {"id": self.id, "workload": self.workload,
                   "messages": [{"role": "user", "content": self.content}], "source": self.source}
-        if self.response_format is not None:
-            record["response_format"] = self.response_format
+        for key in ("response_format", "prediction"):
+            if getattr(self, key) is not None:
+                record[key] = getattr(self, key)
         return json.dumps(record, ensure_ascii=False)
 
 
@@ -310,17 +314,20 @@ def build_written(workload: str, items: list[tuple[str, str]]) -> list[Built]:
             for slug, text in items]
 
 
-def build_all(tok) -> dict[str, list[Built]]:
-    sets = {
-        "summarize": build_summarize(tok),
-        "code-edit": build_code_edit(),
-        "humaneval": build_humaneval(),
-        "creative": build_written("creative", CREATIVE),
-        "chat": build_written("chat", CHAT),
-        "mixed": build_mixed(),
-        "agentic": build_agentic(),
-        "structured": build_structured(tok, count, stdlib_doc, PY, Built),
+def build_all(tok, only: list[str] | None = None) -> dict[str, list[Built]]:
+    """Every set, or those named in `only` (the others' material may have drifted here)."""
+    builders = {
+        "summarize": lambda: build_summarize(tok), "code-edit": build_code_edit,
+        "humaneval": build_humaneval, "creative": lambda: build_written("creative", CREATIVE),
+        "chat": lambda: build_written("chat", CHAT), "mixed": build_mixed,
+        "agentic": build_agentic,
+        "structured": lambda: build_structured(tok, count, stdlib_doc, PY, Built),
+        "predicted-edit": lambda: build_predicted(extract, origin, Built),
     }
+    unknown = sorted(set(only or ()) - set(builders))
+    if unknown:
+        raise SystemExit(f"--only: unknown sets {unknown}; choose from {', '.join(builders)}")
+    sets = {name: build() for name, build in builders.items() if not only or name in only}
     ids = [b.id for prompts in sets.values() for b in prompts]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
@@ -337,6 +344,8 @@ def print_stats(tok, sets: dict[str, list[Built]]) -> None:
                                                return_dict=True)["input_ids"]) for b in prompts]
         print(f"| {name} | {len(prompts)} | {min(lengths)} | "
               f"{statistics.median(lengths):g} | {max(lengths)} |")
+    if "summarize" not in sets:
+        return
     docs = [int(re.search(r"; (\d+) tokens$", b.source).group(1)) for b in sets["summarize"]]
     print(f"\nsummarize documents alone: min {min(docs)}, median "
           f"{statistics.median(docs):g}, max {max(docs)} tokens")
@@ -347,9 +356,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the files, write nothing")
     parser.add_argument("--stats", action="store_true", help="print token length statistics")
+    parser.add_argument("--only", default=None, metavar="NAMES",
+                        help="comma list of the sets to build (default: all)")
     args = parser.parse_args()
     tok = load_tokenizer()
-    sets = build_all(tok)
+    sets = build_all(tok, args.only.split(",") if args.only else None)
     stale, other_env = [], []
     for name, prompts in sets.items():
         text = "".join(b.line() + "\n" for b in prompts)

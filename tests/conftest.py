@@ -58,6 +58,20 @@ def tiny_engine(tokenizer=None):
     return eng
 
 
+def tiny_engine_default_tokenizer(folder, seed: int = 5, max_positions: int = 512):
+    """An Engine on a 2-layer random Llama with the default model's 49k vocabulary and
+    tokenizer (saved to `folder`, loaded natively), so grammars, tools and chat run."""
+    from verispec import Engine
+    from verispec.models.llama import NativeLlama
+    from verispec.models.loading import default_gguf_path, gguf_tokenizer
+
+    tokenizer = gguf_tokenizer(default_gguf_path())
+    tiny_llama(seed, vocab=49152, layers=2, max_positions=max_positions).save_pretrained(folder)
+    target = NativeLlama.from_dir(folder, dtype=torch.float32)
+    target.eos_token_ids = frozenset({tokenizer.eos_token_id})
+    return Engine(target, tokenizer=tokenizer)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return tiny_target(0, layers=4)

@@ -7,15 +7,16 @@ from typing import Iterator
 
 import torch
 
-from verispec import proposers
+from verispec import proposers  # noqa: F401  (registers every proposer)
 from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig
 from verispec.metrics import Stats
 from verispec.models.base import TargetModel
 from verispec.models.llama import NativeLlama
 from verispec.models.loading import DEFAULT_MODEL, load_target
 from verispec.models.quant_draft import quantized_draft
-from verispec.prompt_ids import chat_ids, text_ids
+from verispec.prompt_ids import chat_ids, prediction_ids, text_ids
 from verispec.proposers.base import ProposerSetup
+from verispec.proposers.prediction import build_for_request
 from verispec.proposers.suffix_store import SuffixStore
 from verispec.request import SpecRequest, Step, run_alone
 from verispec.spec_text import parse_quant_source
@@ -205,25 +206,38 @@ class Engine:
             return self.encode(prompt, chat=chat)
         return [int(t) for t in prompt]
 
-    def new_request(self, ids: list[int], sampling: SamplingParams,
-                    spec: SpecConfig) -> SpecRequest:
+    def prediction_ids(self, prediction: str | list[int]) -> tuple[int, ...]:
+        """A predicted output's ids (text through `prompt_ids.prediction_ids`)."""
+        if isinstance(prediction, str):
+            return tuple(prediction_ids(self.tokenizer, prediction))
+        ids = tuple(int(t) for t in prediction)
+        if ids and (min(ids) < 0 or max(ids) >= self.target.vocab_size):
+            raise ValueError(f"prediction token ids must be in [0, {self.target.vocab_size})")
+        return ids
+
+    def new_request(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig,
+                    prediction: tuple[int, ...] | None = None) -> SpecRequest:
         """A step-wise request over token ids (see `request.SpecRequest`): what the
-        single-request loop and the serving scheduler both drive."""
+        single-request loop and the serving scheduler both drive. `prediction`: token
+        ids the output is expected to repeat (OpenAI's Predicted Outputs), which draft
+        first (proposers.prediction)."""
         validate_prompt(self.target, ids, sampling)
         check = getattr(self.target, "row_check", None)  # the CUDA path's start-up self-check
         if check is not None and not check.ok and spec.proposer != "none":
             raise ValueError(check.refusal())
         generator = make_generator(sampling.seed, self.target.device)
-        proposer = proposers.build(ProposerSetup(
+        proposer = build_for_request(ProposerSetup(
             self.target, spec, sampling, generator,
-            {"load_draft": self.load_draft, "suffix_store": self.suffix_store}))
+            {"load_draft": self.load_draft, "suffix_store": self.suffix_store},
+            tuple(prediction or ())))
         decode = self.decode if self.tokenizer is not None else None
         stopper = Stopper(sampling, self.target.eos_token_ids, decode)
         label = spec.proposer if spec.proposer != "draft" else f"draft:{spec.draft}"
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
                       adaptive=spec.adaptive,
-                      weights=self.weights, backend=self.backend_note)
+                      weights=self.weights, backend=self.backend_note,
+                      predicted=prediction is not None)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            constraint=self.constraint(sampling, spec.grammar_forced))
 
@@ -240,24 +254,31 @@ class Engine:
                           draft_forced=draft_forced)
 
     def _steps(self, prompt: str | list[int], sampling: SamplingParams, spec: SpecConfig,
-               chat: bool) -> tuple[Iterator[Step], Stats]:
-        request = self.new_request(self._prompt_ids(prompt, chat), sampling, spec)
+               chat: bool, prediction: str | list[int] | None) -> tuple[Iterator[Step], Stats]:
+        predicted = self.prediction_ids(prediction) if prediction is not None else None
+        request = self.new_request(self._prompt_ids(prompt, chat), sampling, spec, predicted)
         return run_alone(self.target, request), request.stats
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-               spec: SpecConfig | None = None, chat: bool = False) -> Iterator[Chunk]:
-        """Yield tokens as they are committed, with text deltas that never show a stop string."""
+               spec: SpecConfig | None = None, chat: bool = False,
+               prediction: str | list[int] | None = None) -> Iterator[Chunk]:
+        """Yield tokens as they are committed, with text deltas that never show a stop
+        string. `prediction`: text (or token ids) the output is expected to repeat."""
         sampling = sampling or SamplingParams()
-        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat)
+        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat, prediction)
         deltas = TextDeltas(self.decode, sampling.stop)
         for step in steps:
             delta = deltas.push(step.tokens, final=bool(step.finish_reason))
             yield Chunk(step.tokens, delta, step.finish_reason, stats, step.logprobs)
 
     def generate(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-                 spec: SpecConfig | None = None, chat: bool = False) -> Result:
+                 spec: SpecConfig | None = None, chat: bool = False,
+                 prediction: str | list[int] | None = None) -> Result:
+        """`prediction` (OpenAI's Predicted Outputs): text or token ids the output is
+        expected to repeat, such as the file an edit starts from; it drafts first, and
+        `result.stats` counts its accepted and rejected tokens. The output is unchanged."""
         sampling = sampling or SamplingParams()
-        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat)
+        steps, stats = self._steps(prompt, sampling, spec or DEFAULT_SPEC, chat, prediction)
         ids: list[int] = []
         logprobs: list[TokenLogprob] | None = [] if sampling.logprobs is not None else None
         for step in steps:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+PREDICTION = "prediction"  # the proposer name of a predicted output's drafts (proposers.prediction)
+
 
 @dataclass
 class StepRecord:
@@ -43,6 +45,11 @@ class Stats:
     adaptive: bool = False  # k chosen per step (then `k` is the cap; steps hold each choice)
     weights: str = ""  # the target's weights: "quant" / "quant-i8" (GGUF blocks in the kernels) or "dense"
     backend: str = ""  # set where --backend auto fell back to transformers, with the reason
+    # A request with a predicted output (proposers.prediction): its drafts that were
+    # kept and discarded, OpenAI's accepted / rejected_prediction_tokens.
+    predicted: bool = False
+    prediction_accepted: int = 0
+    prediction_rejected: int = 0
     steps: list[StepRecord] = field(default_factory=list)
 
     def record(self, step: StepRecord) -> None:
@@ -51,6 +58,9 @@ class Stats:
         self.accepted += step.accepted
         self.generated += step.emitted
         self.target_forwards += 1
+        if step.proposer == PREDICTION:
+            self.prediction_accepted += step.accepted
+            self.prediction_rejected += step.drafted - step.accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -105,6 +115,8 @@ class Stats:
             "acceptance_histogram": {str(k): v for k, v in self.acceptance_histogram.items()},
             "finish_reason": self.finish_reason,
             "lossy": self.lossy,
+            **({"prediction": {"accepted": self.prediction_accepted,
+                               "rejected": self.prediction_rejected}} if self.predicted else {}),
             **({"weights": self.weights} if self.weights else {}),
             **({"backend": self.backend} if self.backend else {}),
         }
@@ -119,6 +131,8 @@ class Stats:
                 f"tau={self.tau:.2f} target_forwards={self.target_forwards} "
                 f"tokens={self.generated} tok/s={self.tokens_per_s:.1f} "
                 f"time prefill/draft/verify/other={split} ({total:.2f}s)"
+                + (f" prediction accepted={self.prediction_accepted} "
+                   f"rejected={self.prediction_rejected}" if self.predicted else "")
                 + (f" weights={self.weights}" if self.weights else "")
                 + (f" backend={self.backend}" if self.backend else "")
                 + (" LOSSY (typical acceptance)" if self.lossy else ""))

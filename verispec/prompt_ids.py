@@ -27,6 +27,14 @@ def text_ids(tokenizer, text: str) -> list[int]:
     return [int(i) for i in tokenizer.encode(text, add_special_tokens=True)]
 
 
+def prediction_ids(tokenizer, text: str) -> list[int]:
+    """The ids of a predicted output (Predicted Outputs): text the answer is expected to
+    contain, tokenized as it would appear there, so with no special tokens added."""
+    if tokenizer is None:
+        raise ValueError("this engine has no tokenizer; pass the prediction as token ids")
+    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+
+
 def template_text_ids(tokenizer, text: str) -> list[int]:
     """The ids of text a chat template rendered: its special tokens are already in it."""
     return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]

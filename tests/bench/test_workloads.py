@@ -39,8 +39,10 @@ def test_files_hold_exactly_the_documented_fields():
         path = resources.files("verispec.bench").joinpath("workloads", f"{name}.jsonl")
         text = path.read_text(encoding="utf-8")
         for line in text.splitlines():
-            # response_format: the structured workload only (its grammar, docs/workloads.md).
-            extra = {"response_format"} if name == "structured" else set()
+            # response_format: the structured workload only (its grammar, docs/workloads.md);
+            # prediction: the predicted-edit workload only (the code it edits).
+            extra = {"structured": {"response_format"},
+                     "predicted-edit": {"prediction"}}.get(name, set())
             assert set(json.loads(line)) == {"id", "workload", "messages", "source"} | extra
 
 
@@ -105,3 +107,13 @@ def test_prompts_are_hashable_and_frozen():
     assert hash(p) == hash(load_workload("chat", limit=1)[0])
     with pytest.raises(AttributeError):
         p.id = "other"
+
+
+def test_predicted_edit_predictions_are_the_code_to_edit():
+    for p in ALL["predicted-edit"]:
+        content = p.messages[0]["content"]
+        code = re.search(r"```python\n(.*?)\n```", content, re.S).group(1)
+        assert p.prediction == code, p.id
+        assert ("rename" in p.id) == ("edit=rename" in p.source), p.id
+    assert all(p.prediction is None for name in WORKLOADS if name != "predicted-edit"
+               for p in ALL[name])

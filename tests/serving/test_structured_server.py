@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import tiny_engine_default_tokenizer, tiny_llama
 from pydantic import BaseModel, Field
 from server_support import raw
 
@@ -46,12 +46,7 @@ MESSAGES = [{"role": "user", "content": "Tell me about a city."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tokenizer = gguf_tokenizer(default_gguf_path())
-    folder = tmp_path_factory.mktemp("tiny-49k-serve")
-    tiny_llama(5, vocab=49152, layers=2).save_pretrained(folder)
-    target = NativeLlama.from_dir(folder, dtype=torch.float32)
-    target.eos_token_ids = frozenset({tokenizer.eos_token_id})
-    engine = Engine(target, tokenizer=tokenizer)
+    engine = tiny_engine_default_tokenizer(tmp_path_factory.mktemp("tiny-49k-serve"), seed=5)
     config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=4, adaptive=False),
                           SchedulerConfig(max_num_seqs=4, max_queue=16))
     with ServerThread(create_app(engine, config)) as srv:

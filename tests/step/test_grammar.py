@@ -314,3 +314,26 @@ def test_a_regex_digit_class_is_unicode_and_an_ascii_class_is_not(tokenizer):
         for pattern, ok in ((r"\d{2}", unicode_ok), (r"[0-9]{2}", text.isascii() and unicode_ok)):
             accepted = Constraint(Grammar("regex", pattern), ll, VOCAB).allowed_prefix(ids)
             assert (accepted == len(ids)) == ok, (pattern, text, ids, accepted)
+
+
+def test_grammar_holds_inside_a_predicted_block(tmp_path):
+    """A tiny model on the default tokenizer under a JSON schema: the prediction is the
+    answer (drafted and accepted inside the grammar) or an answer the grammar
+    forbids (cut before its first forbidden token); either way plain output."""
+    from verispec.models.hf import HFModel
+    from verispec.models.loading import default_gguf_path, gguf_tokenizer
+
+    engine = _engine(HFModel(tiny_llama(3, vocab=VOCAB, layers=2), name="tiny-49k"),
+                     gguf_tokenizer(default_gguf_path()))
+    sampling = SamplingParams(max_new_tokens=80, grammar=Grammar("json_schema",
+                                                                 json.dumps(SCHEMAS[1])))
+    prompt = [1, 520, 33, 9000, 17]
+    want = engine.generate(prompt, sampling, SPECS["plain"])
+    # The answer's own ids (its text would tokenize its whitespace runs otherwise).
+    for prediction, accepted in ((want.token_ids, True), (want.text, False),
+                                 (want.text.replace("true", "nope"), False),
+                                 ('{"ok": maybe}', False)):
+        got = engine.generate(prompt, sampling, SPECS["ngram"], prediction=prediction)
+        assert got.token_ids == want.token_ids, prediction
+        if accepted:
+            assert got.stats.prediction_accepted >= len(want.token_ids) // 2

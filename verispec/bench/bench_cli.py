@@ -43,6 +43,7 @@ examples:
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
   verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
   verispec bench --workload chat --proposer none,ngram --peers llamaserver-plain,llamaserver-ngram-mod
+  verispec bench --workload predicted-edit --proposer none,ngram+auto,ngram+auto+prediction --max-new-tokens 512
 
 proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 (the target's first L layers as draft), draft (--draft PATH), or any registered
@@ -278,7 +279,9 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="comma list: none, ngram, self:L, draft, or a registered name, "
                             "each with optional +tree=N (token tree), +auto (adaptive k) or, "
                             "for eagle and medusa, +head=DIR (a trained head other than the "
-                            "shipped one), e.g. ngram+tree=16,ngram+auto,eagle+head=runs/eagle "
+                            "shipped one), e.g. ngram+tree=16,ngram+auto,eagle+head=runs/eagle; "
+                            "a token ending in +prediction sends each prompt's predicted output "
+                            "(the predicted-edit workload's), which drafts first "
                             "(default none,ngram)")
     bench.add_argument("--k", type=int, default=4, help="draft tokens per target pass (default 4)")
     bench.add_argument("--sweep-k", default=None, metavar="RANGE",

@@ -46,6 +46,7 @@ class BenchConfig:
     # Set for a peer that computes with other weights (llama.cpp on the quantized
     # GGUF): the label of its own plain run, the only output it is compared with.
     own_reference: str | None = None
+    prediction: bool = False  # `+prediction`: send each prompt's predicted output, if any
 
     @property
     def is_plain(self) -> bool:
@@ -82,6 +83,7 @@ class BenchPrompt:
     # its grammar, and the output is validated against its JSON schema.
     grammar: Grammar | None = field(default=None, hash=False, compare=False)
     schema: dict | None = field(default=None, hash=False, compare=False)
+    prediction: tuple[int, ...] | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass
@@ -185,12 +187,16 @@ def proposer_spec(token: str, k: int, draft: str | None) -> SpecConfig:
     return parse_token(token, {"k": k, "draft": draft})
 
 
+PREDICTION = "+prediction"  # a token's modifier: the prompts' predicted outputs draft first
+
+
 def verispec_configs(text: str, k: int, draft: str | None,
                      sweep: Sequence[int] | None = None) -> list[BenchConfig]:
     """Configs for `--proposer none,ngram,self:8`; with a sweep every
     speculative proposer runs at each k instead of at `k`, except adaptive
     ones (`+auto`), which choose k themselves: they run once, capped at the
-    sweep's largest k, to be compared with the best static k."""
+    sweep's largest k, to be compared with the best static k. A token ending in
+    `+prediction` sends each prompt's predicted output (proposers.prediction)."""
     if k < 1:
         raise ValueError(f"--k must be >= 1, got {k} (use --proposer none for plain decoding)")
     tokens: list[str] = []
@@ -201,13 +207,19 @@ def verispec_configs(text: str, k: int, draft: str | None,
         raise ValueError(f"--proposer: no proposer named in {text!r}")
     configs: list[BenchConfig] = []
     for token in tokens:
-        if proposer_spec(token, k, draft).proposer == "none":
+        predicted = token.endswith(PREDICTION)
+        name = token[:-len(PREDICTION)] if predicted else token
+        if proposer_spec(name, k, draft).proposer == "none":
+            if predicted:
+                raise ValueError(f"--proposer {token}: plain decoding drafts nothing, so it "
+                                 "has no use for a prediction; give a proposer (ngram+prediction)")
             configs.append(BenchConfig(token, VERISPEC, token, 0, proposer_spec(token, 0, draft)))
             continue
-        adaptive = proposer_spec(token, k, draft).adaptive
+        adaptive = proposer_spec(name, k, draft).adaptive
         for kk in ([max(sweep)] if sweep and adaptive else (sweep or [k])):
             label = f"{token} k={kk}" if sweep and not adaptive else token
-            configs.append(BenchConfig(label, VERISPEC, token, kk, proposer_spec(token, kk, draft)))
+            configs.append(BenchConfig(label, VERISPEC, token, kk, proposer_spec(name, kk, draft),
+                                       prediction=predicted))
     return configs
 
 
@@ -221,8 +233,9 @@ def encode_prompts(engine, prompts: Sequence[Prompt], sampling: SamplingParams) 
             validate_prompt(engine.target, ids, sampling)
         except ValueError as exc:
             raise ValueError(f"prompt {prompt.id}: {exc}") from None
+        prediction = engine.prediction_ids(prompt.prediction) if prompt.prediction else None
         encoded.append(BenchPrompt(prompt.id, prompt.workload, tuple(ids), prompt.grammar(),
-                                   prompt.schema()))
+                                   prompt.schema(), prediction))
     return encoded
 
 
@@ -268,7 +281,9 @@ class Runner:
         _sync(self.device)
         cpu = time.process_time()
         start = time.perf_counter()
-        result = self.engine.generate(list(prompt.ids), sampling, config.spec)
+        prediction = list(prompt.prediction) if config.prediction and prompt.prediction else None
+        result = self.engine.generate(list(prompt.ids), sampling, config.spec,
+                                      prediction=prediction)
         _sync(self.device)
         seconds = time.perf_counter() - start
         cpu = time.process_time() - cpu

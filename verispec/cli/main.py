@@ -27,6 +27,7 @@ EPILOG = """examples:
   verispec generate --prompt-file doc.txt --proposer ngram --k 6 --json
   verispec generate --prompt "Once upon a time" --proposer self:12
   verispec generate --prompt "Once upon a time" --proposer eagle --tree 16
+  verispec generate --chat --prompt-file edit_request.txt --prediction-file original.py
   verispec calc --alpha 0.8 --k 4 --verify-overhead 0.1
 """
 
@@ -47,18 +48,29 @@ def _read_prompt(args) -> str:
     return args.prompt
 
 
+def _read_prediction(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise CliError(f"cannot read --prediction-file: {exc.strerror}: {path}")
+
+
 def cmd_generate(args) -> int:
     prompt = _read_prompt(args)
+    prediction = _read_prediction(args.prediction_file)
     sampling, spec = sampling_from(args), spec_from(args)
     engine = engine_from(args)
     load_suffix_cache(engine, args.suffix_cache, args.suffix_max_tokens)
     if args.json:
-        result = engine.generate(prompt, sampling, spec, chat=args.chat)
+        result = engine.generate(prompt, sampling, spec, chat=args.chat, prediction=prediction)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         save_suffix_cache(engine, args.suffix_cache)
         return 0
     stats = None
-    for chunk in engine.stream(prompt, sampling, spec, chat=args.chat):
+    for chunk in engine.stream(prompt, sampling, spec, chat=args.chat, prediction=prediction):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         stats = chunk.stats
@@ -86,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", help="the prompt text")
     gen.add_argument("--prompt-file", help="read the prompt from a file, - for stdin")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--prediction-file", metavar="F",
+                     help="a predicted output (OpenAI's Predicted Outputs): text the answer will "
+                          "mostly repeat, such as the file being edited; it drafts first, "
+                          "aligned to the output as it grows, the --proposer drafts where it has "
+                          "nothing to offer; the output is unchanged, the stats line counts its "
+                          "accepted and rejected tokens (docs/predicted_outputs.md)")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object: text, token_ids, finish_reason, stats")
     gen.add_argument("--stats-to-stderr", action="store_true",

@@ -107,6 +107,7 @@ class ProposerSetup:
     sampling: "SamplingParams"
     generator: torch.Generator
     resources: dict = field(default_factory=dict)  # engine-owned shared objects (loaded drafts)
+    prediction: tuple[int, ...] = ()  # the request's predicted output (proposers.prediction)
 
 
 class Proposer(ABC):

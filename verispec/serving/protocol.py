@@ -14,6 +14,11 @@ Logprobs (chat `logprobs` / `top_logprobs`, completions `logprobs: N` and
 `logit_bias`, and vLLM's `repetition_penalty`, `min_p`, `min_tokens`) are
 honoured under speculation (verispec.step.processors).
 
+`prediction` (OpenAI's Predicted Outputs, on both routes) drafts first
+(verispec.proposers.prediction); its accepted and rejected tokens are counted in
+`usage.completion_tokens_details`. Fields OpenAI takes that verispec does not
+honour are ignored or refused as `conformance` lists them.
+
 verispec extensions: `top_k`, `ignore_eos`, and a `speculation` object
 `{"proposer", "k" (an integer, or "auto" for load-adaptive k), "tree", "draft",
 "lookahead_window", "lookahead_ngram", "lookahead_guesses"}` (the last three: lookahead's
@@ -34,6 +39,7 @@ from pydantic import ValidationError
 
 from verispec import spec_text
 from verispec.config import SamplingParams, SpecConfig
+from verispec.serving.conformance import ignored_fields, refuse_unsupported
 from verispec.serving.errors import APIError, validation_error
 from verispec.serving.options import logit_bias, response_grammar
 from verispec.serving.requests import (
@@ -43,6 +49,7 @@ from verispec.serving.requests import (
     CompletionRequest,
     Message,
     Speculation,
+    content_text,
 )
 from verispec.serving.tools import plan_tools
 
@@ -74,6 +81,8 @@ class Job:
     include_provenance: bool = False  # stream_options.include_provenance (a verispec extension)
     tools: Any = None  # a verispec.serving.tools.ToolPlan: the reply is (or may be) a tool call
     continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's extension)
+    prediction: tuple[int, ...] | None = None  # the predicted output's ids (Predicted Outputs)
+    ignored: tuple[str, ...] = ()  # fields accepted and ignored (conformance.IGNORED)
 
     def choice_sampling(self, index: int) -> SamplingParams:
         """Choice i of n draws from its own seed, so seeded choices differ but repeat."""
@@ -247,6 +256,7 @@ def build_job(request: Request | dict, chat: bool, engine, served: tuple[str, ..
     if not isinstance(request, (ChatRequest, CompletionRequest)):
         request = parse_request(request, chat)
     check_model(request, served)
+    refuse_unsupported(request)
     sampling = parse_sampling(request)
     spec = parse_spec(request.speculation, defaults, engine.target.num_layers)
     echo = not chat and request.echo
@@ -303,7 +313,18 @@ def build_job(request: Request | dict, chat: bool, engine, served: tuple[str, ..
     continuous = options is not None and options.continuous_usage_stats
     return Job(chat, inputs, texts, replace(sampling, max_new_tokens=budget), spec, request.n,
                request.stream, options is not None and (options.include_usage or continuous),
-               echo, provenance, tools, continuous)
+               echo, provenance, tools, continuous, predicted_ids(request, engine),
+               tuple(ignored_fields(request)))
+
+
+def predicted_ids(request: Request, engine) -> tuple[int, ...] | None:
+    """The ids of the request's predicted output (None without one)."""
+    if request.prediction is None:
+        return None
+    try:
+        return engine.prediction_ids(content_text(request.prediction.content))
+    except ValueError as exc:  # a model without a tokenizer
+        raise APIError(str(exc), "prediction") from None
 
 
 def serve_defaults(args: argparse.Namespace) -> ServeDefaults:

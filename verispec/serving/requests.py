@@ -6,7 +6,11 @@ OpenAI's error JSON (HTTP 400, `param` naming the field as OpenAI writes it,
 Strict types (JSON true is not the number 1, "3" is not 3), and unknown fields
 are refused as OpenAI refuses them, so a misspelt option is an error rather
 than silently ignored; message objects and content parts alone ignore fields
-they do not use (clients echo `name`, `tool_calls`, `refusal` back). Every
+they do not use (clients echo `name`, `tool_calls`, `refusal` back). A null
+is the field's default, in every object, as OpenAI takes it (clients other than
+openai-python send explicit nulls). Fields OpenAI takes that verispec does not
+use are typed here too; `conformance` says which are ignored and which refused
+(docs/openai_conformance.md). Every
 string refuses a lone UTF-16 surrogate: valid JSON ("\\ud800") but no text a
 tokenizer can encode. Each union is tagged by a callable discriminator, so an
 error names one branch and its message says what the field takes.
@@ -29,6 +33,7 @@ from pydantic import (
     StringConstraints,
     Tag,
     field_validator,
+    model_validator,
 )
 
 MAX_N = 16
@@ -81,11 +86,21 @@ def _kind(value: Any) -> str | None:
     return None
 
 
-class Strict(BaseModel):
+class Body(BaseModel):
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """A null field takes its default: OpenAI reads `"temperature": null` as unset."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class Strict(Body):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Lenient(BaseModel):
+class Lenient(Body):
     """An object a client may send with more fields than verispec reads."""
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -108,6 +123,7 @@ class Speculation(Strict):
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool = False  # ignored: padding against side channels on OpenAI's wire
     # vLLM's extension (guidellm sends it): every chunk carries the usage so far.
     continuous_usage_stats: bool = False
     include_provenance: bool = False  # verispec: where each streamed token came from
@@ -119,6 +135,26 @@ Stop = tagged({"string": NonEmpty,
 # OpenAI's {"token id": bias}; the ids are checked against the vocabulary in build_job.
 LogitBias = dict[Annotated[str, StringConstraints(pattern=r"^\s*\d+\s*$")],
                  Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]]
+
+
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: Text
+
+
+Content = tagged({"string": Text, "array": list[TextPart]}, _kind,
+                 "a string or an array of text parts {'type': 'text', 'text': ...}")
+
+
+def content_text(content: "str | list[TextPart]") -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+class Prediction(Strict):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat, which drafts
+    first (verispec.proposers.prediction); the output does not change."""
+    type: Literal["content"]
+    content: Content
 
 
 class Common(Strict):
@@ -144,6 +180,7 @@ class Common(Strict):
     top_k: Annotated[int, Field(ge=-1, le=1 << 20)] = 0  # -1 and 0: off
     ignore_eos: bool = False
     speculation: Optional[Speculation] = None
+    prediction: Optional[Prediction] = None  # OpenAI's, on completions too
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -174,7 +211,7 @@ class CompletionRequest(Common):
     logprobs: Optional[Annotated[int, Field(ge=0, le=20)]] = None
     echo: bool = False
     best_of: Optional[Annotated[int, Field(ge=1, le=MAX_N)]] = None
-    suffix: Optional[Literal[""]] = None  # insertion is not supported
+    suffix: Optional[Text] = None  # insertion: refused unless empty (conformance.REFUSED)
 
     @field_validator("prompt")
     @classmethod
@@ -192,15 +229,6 @@ class CompletionRequest(Common):
         return list(self.prompt)
 
 
-class TextPart(Lenient):
-    type: Literal["text"]
-    text: Text
-
-
-Content = tagged({"string": Text, "array": list[TextPart]}, _kind,
-                 "a string or an array of text parts {'type': 'text', 'text': ...}")
-
-
 class Message(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[Content] = Field(default=None, validate_default=True)
@@ -216,9 +244,7 @@ class Message(Lenient):
         return content
 
     def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+        return content_text(self.content or "")
 
 
 class JsonSchemaSpec(Strict):
@@ -279,9 +305,28 @@ class NamedToolChoice(Lenient):
     function: FunctionName
 
 
-ToolChoice = tagged({"string": Literal["none", "auto", "required"], "object": NamedToolChoice},
-                    _kind, "'none', 'auto', 'required' or {'type': 'function', 'function': "
-                    "{'name': ...}}")
+class AllowedTools(Lenient):
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice]  # {"type": "function", "function": {"name": ...}}
+
+
+class AllowedToolChoice(Lenient):
+    """OpenAI's allowed_tools: the call (mode) is made among these tools only."""
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+def _choice_kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return {"function": "function", "allowed_tools": "allowed_tools"}.get(value.get("type"))
+    return _kind(value)
+
+
+ToolChoice = tagged({"string": Literal["none", "auto", "required"], "function": NamedToolChoice,
+                     "allowed_tools": AllowedToolChoice}, _choice_kind,
+                    "'none', 'auto', 'required', {'type': 'function', 'function': {'name': ...}} "
+                    "or {'type': 'allowed_tools', 'allowed_tools': {'mode', 'tools'}} (custom "
+                    "tools are not supported)")
 
 
 class ChatRequest(Common):
@@ -293,10 +338,23 @@ class ChatRequest(Common):
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = None
-    # accepted and ignored, as a local server has no store, tiers or metadata
+    modalities: Optional[list[Literal["text", "audio"]]] = None  # only ["text"] is served
+    # accepted and ignored (conformance.IGNORED says why)
     store: Optional[bool] = None
-    metadata: Optional[JsonObject] = None
+    metadata: Optional[dict[Text, Text]] = None
     service_tier: Optional[Text] = None
+    safety_identifier: Optional[Text] = None
+    prompt_cache_key: Optional[Text] = None
+    prompt_cache_retention: Optional[Text] = None
+    prompt_cache_options: Optional[JsonObject] = None
+    reasoning_effort: Optional[Text] = None
+    verbosity: Optional[Text] = None
+    # refused when set (conformance.REFUSED says why)
+    audio: Optional[JsonObject] = None
+    web_search_options: Optional[JsonObject] = None
+    moderation: Optional[JsonObject] = None
+    functions: Optional[list[JsonObject]] = None
+    function_call: Optional[Union[Text, JsonObject]] = None
 
     @field_validator("messages")
     @classmethod

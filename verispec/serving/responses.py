@@ -32,10 +32,20 @@ class SpeculationStats(Body):
     target_forwards: int
 
 
+class CompletionTokensDetails(Body):
+    """Sent with a predicted output: its drafts the verifier kept and discarded
+    (verispec has no reasoning or audio tokens)."""
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+    reasoning_tokens: int
+    audio_tokens: int
+
+
 class Usage(Body):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: Optional[CompletionTokensDetails] = None
 
 
 class TopLogprob(Body):

@@ -13,7 +13,12 @@ from verispec.metrics import Stats
 from verispec.serving import logprobs as lp_format
 from verispec.serving.protocol import Job
 from verispec.serving.provenance import ChoiceProvenance
-from verispec.serving.responses import CompletionLogprobs, SpeculationStats, Usage
+from verispec.serving.responses import (
+    CompletionLogprobs,
+    CompletionTokensDetails,
+    SpeculationStats,
+    Usage,
+)
 from verispec.serving.scheduler import Failure, Progress, Scheduler, Ticket
 
 
@@ -45,7 +50,7 @@ class Run:
             for j in range(job.n):
                 index = len(self.tickets)
                 self.tickets.append(Ticket(prompt, job.choice_sampling(j), job.spec,
-                                           self._sink(index)))
+                                           self._sink(index), prediction=job.prediction))
                 self.deltas.append(TextDeltas(engine.decode, job.sampling.stop))
                 self.stats.append(None)
                 self.finish.append(None)
@@ -124,8 +129,15 @@ class Run:
     def usage(self) -> Usage:
         prompt = sum(len(p) for p in self.job.prompts)
         completion = sum(self.token_count)
+        details = {}
+        if self.job.prediction is not None:
+            stats = [s for s in self.stats if s is not None]
+            details["completion_tokens_details"] = CompletionTokensDetails(
+                accepted_prediction_tokens=sum(s.prediction_accepted for s in stats),
+                rejected_prediction_tokens=sum(s.prediction_rejected for s in stats),
+                reasoning_tokens=0, audio_tokens=0)
         return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion)
+                     total_tokens=prompt + completion, **details)
 
     def speculation(self, index: int | None = None) -> SpeculationStats:
         chosen = self.stats if index is None else [self.stats[index]]

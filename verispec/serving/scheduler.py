@@ -109,6 +109,7 @@ class Ticket:
     id: int = field(default_factory=itertools.count().__next__)
     cancelled: bool = False
     done: bool = False
+    prediction: tuple[int, ...] | None = None  # a predicted output's ids (proposers.prediction)
 
 
 @dataclass(eq=False)
@@ -118,14 +119,17 @@ class _Slot:
     request: SpecRequest
 
 
-RequestFactory = Callable[[list[int], SamplingParams, SpecConfig], SpecRequest]
+# (ids, sampling, spec, prediction) -> a step-wise request, e.g. `Engine.new_request`
+RequestFactory = Callable[[list[int], SamplingParams, SpecConfig, tuple[int, ...] | None],
+                          SpecRequest]
 
 
 class Scheduler:
     def __init__(self, target: TargetModel, build: RequestFactory,
                  config: SchedulerConfig | None = None,
                  metrics: ServingMetrics | None = None) -> None:
-        """`build(ids, sampling, spec)` makes a step-wise request, e.g. `engine.new_request`."""
+        """`build(ids, sampling, spec, prediction)` makes a step-wise request, e.g.
+        `engine.new_request`."""
         self.target = target
         self.build = build
         self.config = config or SchedulerConfig()
@@ -244,7 +248,7 @@ class Scheduler:
     def _admit(self, ticket: Ticket) -> None:
         request = None
         try:
-            request = self.build(ticket.ids, ticket.sampling, ticket.spec)
+            request = self.build(ticket.ids, ticket.sampling, ticket.spec, ticket.prediction)
         except ValueError as exc:  # settings the request's proposer refused
             self._fail(ticket, Failure("invalid", str(exc)))
         except Exception as exc:  # a bad request must not stop the others
@@ -369,7 +373,9 @@ class Scheduler:
         if slot in self._running:
             self._running.remove(slot)
         stats = slot.request.stats
-        if not slot.ticket.spec.tree:  # tree steps count nodes, not chain outcomes
+        # Tree steps count nodes, not chain outcomes; a prediction's drafts are not its
+        # proposer's, whose pooled acceptance would start the next requests too high.
+        if not slot.ticket.spec.tree and slot.ticket.prediction is None:
             self._pool(slot.ticket.spec.proposer, slot.request.policy.outcomes)
         slot.request.release()
         if failure is None:

@@ -22,13 +22,13 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.api import Engine
-from verispec.serving import playground
+from verispec.serving import conformance, playground
 from verispec.serving.background import ServerThread  # noqa: F401  (the tests' and benchmarks' entry)
 from verispec.serving.errors import APIError, ErrorBody, validation_error
 from verispec.serving.metrics import ServingMetrics
@@ -107,12 +107,14 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             "id": model_name, "object": "model", "created": created, "owned_by": "verispec",
             "max_model_len": engine.target.max_context}]}
 
-    async def generate(body: Body, request: Request, chat: bool):
+    async def generate(body: Body, request: Request, response: Response, chat: bool):
         try:
             job = build_job(body, chat, engine, config.served_names, config.defaults)
         except APIError as exc:
             metrics.request_done("invalid")
             return error_response(exc)
+        headers = {conformance.HEADER: ", ".join(job.ignored)} if job.ignored else {}
+        response.headers.update(headers)
         run = Run(job, scheduler, engine)
         if run.wants_logprobs and job.echo:
             await run.prompt_logprobs(engine)
@@ -138,7 +140,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
             return error_response(failure_error(first[2], job))
         if job.stream:
             return StreamingResponse(stream(run, first, ident, model_name, engine),
-                                     media_type="text/event-stream")
+                                     media_type="text/event-stream", headers=headers)
         try:
             return await complete(run, first, request, ident, model_name, engine)
         finally:
@@ -146,13 +148,13 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions", response_model=Completion, response_model_exclude_unset=True,
               responses=_ERRORS)
-    async def completions(body: CompletionRequest, request: Request):
-        return await generate(body, request, chat=False)
+    async def completions(body: CompletionRequest, request: Request, response: Response):
+        return await generate(body, request, response, chat=False)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion,
               response_model_exclude_unset=True, responses=_ERRORS)
-    async def chat_completions(body: ChatRequest, request: Request):
-        return await generate(body, request, chat=True)
+    async def chat_completions(body: ChatRequest, request: Request, response: Response):
+        return await generate(body, request, response, chat=True)
 
     playground.mount(app, engine, config)
     return app

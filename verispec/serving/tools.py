@@ -5,7 +5,8 @@ arguments are generated under that function's `parameters` schema (for
 "required", under a schema whose every branch is one function's name and
 arguments), and the reply carries `tool_calls` with finish_reason
 "tool_calls". The functions are described to the model in a system message,
-since a template without tools would drop them.
+since a template without tools would drop them. `allowed_tools` narrows the
+tools to a list and takes its mode ("auto" or "required") as the choice.
 
 "auto" (OpenAI's default when tools are sent) lets the model decide, which it
 can only do if its chat template writes the tools into the prompt: then the
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from verispec.config import Grammar
 from verispec.serving.errors import APIError
-from verispec.serving.requests import ChatRequest
+from verispec.serving.requests import AllowedToolChoice, ChatRequest
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ToolPlan:
     named: str | None  # the forced function; None: "required" or "auto", the model picks
     note: str | None  # the system message that describes the functions ("auto": the template's)
     template_tools: list[dict] | None = None  # "auto": the tools, as the chat template takes them
+    parallel: bool = True  # parallel_tool_calls: an "auto" reply may hold several calls
 
     @property
     def names(self) -> frozenset[str]:
@@ -69,6 +71,15 @@ def plan_tools(request: ChatRequest, tokenizer=None) -> ToolPlan | None:
             raise APIError("'tool_choice' needs 'tools'", "tool_choice")
         return None
     functions = {tool.function.name: tool.function for tool in request.tools}
+    if isinstance(choice, AllowedToolChoice):  # the call is made among these tools only
+        allowed = [tool.function.name for tool in choice.allowed_tools.tools]
+        unknown = [name for name in allowed if name not in functions]
+        if unknown or not allowed:
+            raise APIError(f"tool_choice.allowed_tools names {unknown[0]!r}, which is not among "
+                           "the tools" if unknown else "tool_choice.allowed_tools lists no tool",
+                           "tool_choice.allowed_tools.tools")
+        functions = {name: functions[name] for name in allowed}
+        choice = choice.allowed_tools.mode
     if choice == "none":
         return None
     if choice in (None, "auto"):
@@ -76,7 +87,7 @@ def plan_tools(request: ChatRequest, tokenizer=None) -> ToolPlan | None:
             return None
         listed = [{"type": "function", "function": f.model_dump(exclude_none=True)}
                   for f in functions.values()]
-        return ToolPlan(None, None, None, listed)
+        return ToolPlan(None, None, None, listed, request.parallel_tool_calls is not False)
     if choice == "required":
         branches = [{"type": "object", "properties": {"name": {"const": name},
                                                       "arguments": f.parameters},
@@ -107,7 +118,8 @@ def tool_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict]] | Non
     forced call cut by a stop string (its JSON incomplete), or an "auto" reply
     without one (then the text is the answer)."""
     if plan.grammar is None:
-        return _template_calls(text, plan.names)
+        found = _template_calls(text, plan.names)
+        return found if found is None or plan.parallel else (found[0], found[1][:1])
     try:
         value = json.loads(text)
     except ValueError:
