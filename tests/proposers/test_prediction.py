@@ -234,7 +234,7 @@ def test_cli_prediction_file(engine, free, tmp_path, monkeypatch, capsys):
     """`verispec generate --prediction-file F`: the file's text drafts first (the JSON
     stats count its tokens), the output is plain decoding's; the streamed form prints
     the counts on its stats line; an unreadable file is a one-line error."""
-    import verispec.cli as cli
+    import verispec.cli.main as cli
 
     monkeypatch.setattr(cli, "engine_from", lambda args: engine)
     text = CharTokenizer().decode(free)
