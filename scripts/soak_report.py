@@ -78,7 +78,7 @@ def markdown(result: dict, rows: list[dict], checked: dict) -> str:
              f"{s['burst']} every {s['burst_every']:g} s, {s['hang_up']:.0%} of streams hung "
              f"up, max_num_seqs {s['max_num_seqs']}, max_queue {s['max_queue']}; "
              f"{len(result['records'])} requests over {len(result['templates'])} templates", "",
-             "", load_line(result), "", "| goal | result |", "|---|---|"]
+             load_line(result), "", "| goal | result |", "|---|---|"]
     lines += [f"| {goal} | {'PASS' if met else '**FAIL**'} |" for goal, met in checked.items()
               if not goal.startswith("_")]
     spread = checked["_rss_spread"]
