@@ -151,8 +151,13 @@ def suffix_lookup(context, tokens, offset: int, live: int, heads: list[int], cha
 
 
 def is_quantized(packed: torch.Tensor) -> bool:
-    """Whether `packed` came from pack_quant (else from pack)."""
+    """Whether `packed` came from pack_quant or pack_quant_i8 (else from pack)."""
     return packed.dtype == torch.uint8
+
+
+def is_int8(packed: torch.Tensor) -> bool:
+    """Whether `packed` came from pack_quant_i8: linear() rounds x to int8 for it."""
+    return is_quantized(packed) and _require().is_quant_i8(packed)
 
 
 def embedding(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -162,6 +162,8 @@ at::Tensor pack_quant_i8(const std::vector<at::Tensor>& raws, const std::vector<
   return st.packed;
 }
 
+bool is_quant_i8(const at::Tensor& packed) { return vs::is_i8_pack(packed); }
+
 std::vector<int64_t> quant_i8_types() {
   int64_t count;
   const vs::i8::Format* all = vs::i8::formats(&count);
