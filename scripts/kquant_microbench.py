@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from quant_kernel_speed import random_raw  # noqa: E402
 from verispec import kernels  # noqa: E402
 
 HELPER = r"""
@@ -62,7 +63,6 @@ uint64_t add_chain(uint64_t iterations) {
   return x;
 }
 """
-HALF_FIELDS = {"Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210)}
 
 
 def helper() -> ctypes.CDLL:
@@ -88,15 +88,6 @@ def clock_ghz(lib: ctypes.CDLL) -> float:
     return iterations * 100 / statistics.median(times) / 1e9
 
 
-def random_raw(fmt: str, out: int, inp: int, rng: np.random.Generator) -> torch.Tensor:
-    qtype = gguf.GGMLQuantizationType[fmt]
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, size=(out * inp // block, size), dtype=np.uint8)
-    lo, hi = HALF_FIELDS[fmt]
-    blocks[:, lo:hi] = rng.normal(0, 0.02, (blocks.shape[0], (hi - lo) // 2)).astype(np.float16).view(np.uint8)
-    return torch.from_numpy(blocks.reshape(-1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="4096x14336", help="out x in")
@@ -119,7 +110,7 @@ def main() -> None:
           f"median of {args.repeats} interleaved repeats; every product streams from DRAM")
     for fmt in args.formats.split(","):
         qtype = int(gguf.GGMLQuantizationType[fmt])
-        raw = random_raw(fmt, out, inp, rng)
+        raw = torch.from_numpy(random_raw(fmt, out, inp, rng))
         copies = max(2, -(-args.working_set // raw.numel()))
         paths = {"int8": [kernels.pack_quant_i8([(raw, qtype, out)], inp) for _ in range(copies)]}
         if not args.no_bf16:
