@@ -1,6 +1,6 @@
 """JIT-build verispec's CPU kernels (the bf16 matmul: AMX in gemv_bf16.cpp,
 AVX-512-BF16 in gemv_avx512.cpp, GGUF block formats in quant*.cpp, their
-integer path on AVX-512-VNNI in quant_i8.cpp; the
+integer path on AVX-512-VNNI in quant_i8*.cpp; the
 row-invariant attention in attention.cpp; the fused decoder layers in layer.cpp and gemma_layer.cpp;
 suffix decoding's lookup in suffix.cpp)
 once per machine.

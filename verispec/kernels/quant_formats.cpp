@@ -1,6 +1,8 @@
 // Repack of each GGUF block format into tile blocks (see quant_formats.h for the
 // tile-block idea and why the values are exact); the in-register dequantization
 // of each lives in quant_blocks.h.
+#include <iterator>
+
 #include "quant_blocks.h"
 #include "quant_formats.h"
 
@@ -140,15 +142,10 @@ const Format kFormats[] = {
 }  // namespace
 
 const Format* formats(int64_t* count) {
-  *count = sizeof(kFormats) / sizeof(kFormats[0]);
+  *count = std::size(kFormats);
   return kFormats;
 }
 
-const Format* find(int64_t type) {
-  for (const Format& f : kFormats) {
-    if (f.type == type) return &f;
-  }
-  return nullptr;
-}
+const Format* find(int64_t type) { return find_type(kFormats, type); }
 
 }  // namespace vs::quant

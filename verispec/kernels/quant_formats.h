@@ -41,6 +41,15 @@ struct Format {
 const Format* find(int64_t type);  // nullptr when unsupported
 const Format* formats(int64_t* count);
 
+// The entry of a format table (this path's or the integer path's) for a ggml type, or nullptr.
+template <class F, size_t N>
+const F* find_type(const F (&table)[N], int64_t type) {
+  for (const F& f : table) {
+    if (f.type == type) return &f;
+  }
+  return nullptr;
+}
+
 // ---- raw block access (byte layouts as in ggml-common.h / gguf/quants.py) ----
 
 inline uint32_t u32(const uint8_t* p) {

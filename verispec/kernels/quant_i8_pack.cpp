@@ -16,6 +16,8 @@
 // Sizes per 16 outputs x one block, against the raw file: Q4_0 288 (= raw), Q4_1 320
 // (=), Q5_0 352 (=), Q5_1 384 (=), Q8_0 544 (=), Q4_K 2368 (+2.8%), Q5_K 2880
 // (+2.3%), Q6_K 3360 (=).
+#include <iterator>
+
 #include "quant_formats.h"
 #include "quant_i8.h"
 
@@ -203,15 +205,10 @@ const Format kFormats[] = {
 }  // namespace
 
 const Format* formats(int64_t* count) {
-  *count = sizeof(kFormats) / sizeof(kFormats[0]);
+  *count = std::size(kFormats);
   return kFormats;
 }
 
-const Format* find(int64_t type) {
-  for (const Format& f : kFormats) {
-    if (f.type == type) return &f;
-  }
-  return nullptr;
-}
+const Format* find(int64_t type) { return quant::find_type(kFormats, type); }
 
 }  // namespace vs::i8
