@@ -161,9 +161,11 @@ void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
   scale_into<R, T>(t0, tb, total, x, acc);
 }
 
-// Tiles swept at once for R rows: R x T integer accumulators, twice (the sub-block's
-// and the super-block's), plus T unpacked vectors must fit the 32 registers.
-constexpr int tiles_for(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 2 : 1; }
+// Tiles swept at once for R rows. The R x T sub-block accumulators and T unpacked
+// vectors stay in registers; from 5 rows the super-block sums spill to L1, once per
+// sub-block, which costs less than one tile a time, where each broadcast of x feeds a
+// single VPDPBUSD (docs/notebook/quant_i8_kquant.md).
+constexpr int tiles_for(int rows) { return rows <= 2 ? 4 : 2; }
 
 template <int Type, int R>
 void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc) {
