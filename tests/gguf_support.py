@@ -14,6 +14,9 @@ import torch
 
 Q = gguf.GGMLQuantizationType
 QUANTIZABLE = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}  # the gguf package quantizes these
+# A Q4_K_M file's mix: v, down and the head in Q6_K, the rest Q4_K, the embedding Q8_0.
+Q4_K_M = {"embed": Q.Q8_0, "head": Q.Q6_K, "q": Q.Q4_K, "k": Q.Q4_K, "v": Q.Q6_K, "o": Q.Q4_K,
+          "gate": Q.Q4_K, "up": Q.Q4_K, "down": Q.Q6_K}
 # Byte offsets of the fp16 scale fields in one block of the K-quants (d, dmin).
 _K_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,)}
 
@@ -229,3 +232,10 @@ def _write_reference(folder: Path, dense: dict[str, torch.Tensor], s: TinyShape,
     if s.arch == "phi3":
         config.update(pad_token_id=None, bos_token_id=None)
     (folder / "config.json").write_text(json.dumps(config))
+
+
+def write_tiny_kquant(path: Path, vocab: int, seed: int = 7) -> Path:
+    """A tiny Q4_K_M model (K-quants need rows of 256 values), with a Q5_0 embedding so
+    that a 32-weight format sits beside the K-quants as in real files; no EOS."""
+    shape = TinyShape(vocab=vocab, hidden=256, intermediate=512, layers=2, context=512)
+    return write_tiny_gguf(path, Q4_K_M | {"embed": Q.Q5_0}, shape, seed=seed, eos=None)

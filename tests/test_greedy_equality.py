@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from conftest import VOCAB, CharTokenizer, tiny_llama, tiny_target
-from gguf_support import Q, TinyShape, write_tiny_gguf
+from gguf_support import Q, TinyShape, write_tiny_gguf, write_tiny_kquant
 
 from verispec import Engine, SamplingParams, SpecConfig, kernels
 from verispec.models.hf import HFModel
@@ -52,11 +52,13 @@ def tiny_quant(tiny_gguf):
 
 
 @pytest.fixture(scope="module")
-def tiny_quant_i8(tiny_gguf):
-    """The same blocks on the kernels' integer path (--weights quant-i8)."""
-    if not _quant_ready() or int(Q.Q4_0) not in kernels.quant_i8_types():
+def tiny_quant_i8(tmp_path_factory):
+    """A tiny Q4_K_M file on the kernels' integer path (--weights quant-i8): mixed
+    Q4_K / Q6_K stacks, a Q6_K head and a Q5_0 embedding, all on int8 activations."""
+    if not _quant_ready() or not {int(Q.Q4_K), int(Q.Q6_K), int(Q.Q5_0)} <= kernels.quant_i8_types():
         pytest.skip("verispec's kernels have no integer path on this CPU")
-    return native_from_gguf(tiny_gguf, torch.bfloat16, quant=True, int8=True)
+    path = write_tiny_kquant(tmp_path_factory.mktemp("tiny-kquant") / "tiny.gguf", VOCAB)
+    return native_from_gguf(path, torch.bfloat16, quant=True, int8=True)
 
 
 @pytest.fixture(scope="module")

@@ -113,10 +113,10 @@ class Engine:
                  weights: str = "auto") -> None:
         """`model`: a path (HF directory or .gguf), "default", or a TargetModel.
         `backend`: native (verispec's Llama-family forward), hf (transformers),
-        or auto (native where supported). `weights` (GGUF files): quant runs the
-        file's blocks in verispec's kernels, quant-i8 on their integer path (int8
-        activations, as llama.cpp), dense dequantizes them, auto = quant where the
-        kernels build."""
+        or auto (native where supported). `weights` (GGUF files): quant-i8 runs the
+        file's blocks on the kernels' integer path (int8 activations, as llama.cpp),
+        quant with the dense bf16 logits, dense dequantizes them; auto = quant-i8
+        where the CPU has AVX-512-VNNI, else quant where the kernels build."""
         if isinstance(model, TargetModel):
             self.target = model
             self.tokenizer = tokenizer

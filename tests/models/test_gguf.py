@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from gguf_support import Q, TinyShape, write_tiny_gguf
+from gguf_support import Q, Q4_K_M, TinyShape, write_tiny_gguf
 
 from verispec import kernels
 from verispec.models.gguf_file import GGUFError, GGUFFile
@@ -18,9 +18,6 @@ from verispec.models.native_gguf import native_from_gguf
 
 BLOCK_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 FLOAT_TYPES = [Q.F16, Q.BF16, Q.F32]
-# A Q4_K_M file's mix: v and down in Q6_K, the rest Q4_K, the embedding Q8_0.
-Q4_K_M = {"embed": Q.Q8_0, "head": Q.Q6_K, "q": Q.Q4_K, "k": Q.Q4_K, "v": Q.Q6_K, "o": Q.Q4_K,
-          "gate": Q.Q4_K, "up": Q.Q4_K, "down": Q.Q6_K}
 TOKENS = torch.tensor(np.random.default_rng(1).integers(0, 300, 72))
 
 
@@ -91,6 +88,29 @@ def test_mixed_formats_of_a_q4_k_m_file(tmp_path, arch):
     quant = native_from_gguf(path, torch.bfloat16, quant=True)
     assert quant.layers[0].qkv.format == "Q6_K+Q4_K" and not quant.layers[0].qkv.kernel
     assert torch.equal(logits_every_way(quant), logits_every_way(reference))
+
+
+@pytest.mark.skipif(not kernels.available() or not {int(t) for t in Q4_K_M.values()} <= kernels.quant_i8_types(),
+                    reason="no integer path on this CPU")
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_q4_k_m_file_runs_whole_on_the_integer_path(tmp_path, arch):
+    """Every matrix of a Q4_K_M file takes int8 activations: the mixed Q4_K / Q6_K
+    stacks, the head and the embedding (here also a 32-row k that splits q/k/v into
+    parts). A position's logits are the same alone, in a prefill or in a block."""
+    shapes = [TinyShape(arch=arch, intermediate=768), TinyShape(arch=arch, heads=8, kv_heads=1)]
+    for i, shape in enumerate(shapes):
+        path = write_tiny_gguf(tmp_path / f"tiny{i}.gguf", Q4_K_M, shape)
+        model = native_from_gguf(path, torch.bfloat16, quant=True, int8=True)
+        assert model.weights_kind == "quant-i8"
+        layer = model.layers[0]
+        linears = [layer.o, layer.gate_up, layer.down, model.weights.lm_head]
+        linears += getattr(layer.qkv, "parts", [layer.qkv])
+        assert all(kernels.is_int8(lin.weight) for lin in linears)
+        assert kernels.is_int8(model.weights.embedding.packed)
+        assert layer.qkv.format == "Q4_K+Q6_K"
+        cache = model.new_cache(128)
+        singles = torch.cat([model.forward(TOKENS[i:i + 1], cache).logits for i in range(len(TOKENS))])
+        assert torch.equal(logits_every_way(model), singles)
 
 
 @pytest.mark.skipif(not kernels.available(), reason="kernels off on this CPU")

@@ -4,6 +4,8 @@ and chat template, the --weights selection, and the integer path (quant-i8)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -109,18 +111,25 @@ def test_default_model_int8_path_is_row_invariant_and_close_to_dense(default_mod
 
 @pytest.mark.skipif(not kernels.available(), reason="kernels off on this CPU")
 def test_cli_reports_the_weights_used(default_model):
+    """auto takes the integer path where the CPU has VNNI, else the bf16 one, and the
+    stats line says which ran; quant's tokens are dense bf16's."""
     base = [sys.executable, "-m", "verispec.cli", "generate", "--model", default_model,
             "--prompt", "Say hi.", "--chat",
             "--max-new-tokens", "8", "--proposer", "none", "--k", "0"]
+    auto = loading.auto_quant_kind()
     texts = {}
-    kinds = ["auto", "dense"] + (["quant-i8"] if kernels.quant_i8_types() else [])
+    kinds = ["auto", "quant", "dense"] + (["quant-i8"] if kernels.quant_i8_types() else [])
     for weights in kinds:
         run = subprocess.run(base + ["--json", "--weights", weights, "--dtype", "bf16"],
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr
         result = json.loads(run.stdout)
-        assert result["stats"]["weights"] == {"auto": "quant"}.get(weights, weights)
+        assert result["stats"]["weights"] == (auto if weights == "auto" else weights)
         texts[weights] = result["token_ids"]
-    assert texts["auto"] == texts["dense"]
+    assert texts["quant"] == texts["dense"] and texts["auto"] == texts[auto]
     run = subprocess.run(base, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "weights=quant" in run.stdout
+    assert run.returncode == 0 and re.search(rf"weights={auto}(\s|$)", run.stdout)
+    # A CPU without VNNI (forced) takes the bf16 path, and says so.
+    forced = subprocess.run(base, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "VERISPEC_NO_VNNI": "1"})
+    assert forced.returncode == 0 and re.search(r"weights=quant(\s|$)", forced.stdout)

@@ -84,7 +84,7 @@ def test_file_tokenizer_and_bos_on_raw_text(tmp_path, arch):
         path, ref = _files(tmp_path, arch, tokenizer=write)
     finally:
         SHAPES[arch] = shape
-    engine = Engine(str(path), dtype="bf16")
+    engine = Engine(str(path), dtype="bf16", weights="quant")  # the dense logits, below
     assert (engine.backend, engine.weights) == ("native", "quant")
     reference = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
     for text in TEXTS:

@@ -72,18 +72,15 @@ def wait_idle(scheduler: Scheduler, timeout: float = 10.0) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_quant_i8(tmp_path_factory):
-    """A tiny Q4_0 GGUF (Q8_0 embedding) on the kernels' integer path, whose rows
-    must stay independent of their batch as the bf16 path's do."""
-    from gguf_support import Q, TinyShape, write_tiny_gguf
-
+    """A tiny Q4_K_M GGUF (Q4_K and Q6_K stacks, a Q5_0 embedding) on the kernels'
+    integer path, whose rows must stay independent of their batch as the bf16 path's do."""
+    from gguf_support import Q, write_tiny_kquant
     from verispec import kernels
     from verispec.models.native_gguf import native_from_gguf
 
-    if not kernels.available() or int(Q.Q4_0) not in kernels.quant_i8_types():
+    if not kernels.available() or not {int(Q.Q4_K), int(Q.Q6_K), int(Q.Q5_0)} <= kernels.quant_i8_types():
         pytest.skip("verispec's kernels have no integer path on this CPU")
-    types = {k: Q.Q4_0 for k in ("head", "q", "k", "v", "o", "gate", "up", "down")} | {"embed": Q.Q8_0}
-    shape = TinyShape(vocab=VOCAB, hidden=64, intermediate=128, layers=4, context=512)
-    path = write_tiny_gguf(tmp_path_factory.mktemp("i8") / "tiny.gguf", types, shape, seed=7, eos=None)
+    path = write_tiny_kquant(tmp_path_factory.mktemp("i8") / "tiny.gguf", VOCAB)
     return native_from_gguf(path, torch.bfloat16, quant=True, int8=True)
 
 

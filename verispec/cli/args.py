@@ -45,14 +45,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="native = verispec's fast Llama-family forward; hf = transformers "
                         "(any model); auto = native where supported")
     p.add_argument("--weights", default="auto", choices=["auto", "quant", "quant-i8", "dense"],
-                   help="GGUF files: quant = run the file's quantized blocks in verispec's "
-                        "kernels (memory about the file's size, same logits as dense); "
-                        "quant-i8 = quant, with Q4_0/Q4_1/Q8_0 blocks multiplied by activations "
-                        "rounded to int8 per 32 values, as llama.cpp does (about 2x faster "
-                        "matmuls on AVX-512-VNNI; logits differ from dense by that rounding, and "
-                        "speculation stays bit-exact against plain decoding with the same flag); "
-                        "dense = dequantize to bf16 once (a cached copy); auto = quant where the "
-                        "kernels build")
+                   help="GGUF files: quant-i8 = run the file's quantized blocks in verispec's "
+                        "kernels with activations rounded to int8, as llama.cpp does (needs "
+                        "AVX-512-VNNI; the logits differ from dense bf16 by that rounding, and "
+                        "speculation stays bit-exact against plain decoding on the same path); "
+                        "quant = the blocks dequantized exactly to bf16 in the kernels (the dense "
+                        "logits bit for bit, slower); dense = dequantize to bf16 once (a cached "
+                        "copy); auto = quant-i8 where the CPU has VNNI, else quant where the "
+                        "kernels build, else dense. The stats line says which ran (weights=...)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="native only: every position's logits are bit-identical whether "
                         "computed alone, in a verification block or in a batch. Always on, at no "

@@ -10,9 +10,10 @@ runs on AMX where the CPU and OS allow it, else on AVX-512-BF16 (`isa()`).
 takes it as it takes a dense pack and returns, bit for bit, what the dense
 path returns for the reference dequantization (gguf.quants.dequantize) rounded
 to bf16. `embedding(packed, ids)` looks rows up from such a pack.
-`pack_quant_i8` is the integer path (Q4_0, Q4_1, Q8_0): x rounded to int8 per
-32-element block as llama.cpp does, exact int32 block sums; row-invariant too,
-but its bits are not the dense path's.
+`pack_quant_i8` is the integer path (every format above, on AVX-512-VNNI): x
+rounded to int8 per row as llama.cpp does (per 32 values, per 256 for the
+K-quants), exact int32 block sums; row-invariant too, but its bits are not the
+dense path's. VERISPEC_NO_VNNI=1 makes a process act as if the CPU lacked VNNI.
 `attend(q, caches, row_cache, row_len, row_index)` is attention whose
 result for a row depends only on that row's query and visible keys (see
 attention.cpp). `available()` says whether the kernel can be used; when it is False callers
@@ -20,6 +21,7 @@ must take their ordinary path.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -114,17 +116,18 @@ def pack_quant_cat(parts: list[tuple[torch.Tensor, int, int]], in_features: int)
 
 
 def quant_i8_types() -> frozenset[int]:
-    """The ggml type ids with an integer path (pack_quant_cat(..., int8=True))."""
-    if "avx512_vnni" not in cpu_flags():
+    """The ggml type ids with an integer path (pack_quant_i8): all of quant_types() on a
+    CPU with AVX-512-VNNI, none elsewhere or under VERISPEC_NO_VNNI=1."""
+    if "avx512_vnni" not in cpu_flags() or os.environ.get("VERISPEC_NO_VNNI"):
         return frozenset()
     return frozenset(_require().quant_i8_types())
 
 
 def pack_quant_i8(parts: list[tuple[torch.Tensor, int, int]], in_features: int) -> torch.Tensor:
     """pack_quant_cat's parts for the integer path: linear() then rounds each row of x
-    to int8 per 32-element block (llama.cpp's Q8 activations) and sums each block's
-    products exactly in int32 (AVX-512-VNNI). Faster than the bf16 path, and as
-    row-invariant, but its logits differ from it by that rounding. Q4_0, Q4_1, Q8_0."""
+    to int8 (per 32 values, as llama.cpp's Q8_0; per 256 for the K-quants, as its Q8_K)
+    and sums each block's products exactly in int32 (AVX-512-VNNI). Faster than the
+    bf16 path, and as row-invariant, but its logits differ from it by that rounding."""
     have = quant_i8_types()
     for _, ggml_type, _ in parts:
         if int(ggml_type) not in have:
@@ -148,8 +151,13 @@ def suffix_lookup(context, tokens, offset: int, live: int, heads: list[int], cha
 
 
 def is_quantized(packed: torch.Tensor) -> bool:
-    """Whether `packed` came from pack_quant (else from pack)."""
+    """Whether `packed` came from pack_quant or pack_quant_i8 (else from pack)."""
     return packed.dtype == torch.uint8
+
+
+def is_int8(packed: torch.Tensor) -> bool:
+    """Whether `packed` came from pack_quant_i8: linear() rounds x to int8 for it."""
+    return is_quantized(packed) and _require().is_quant_i8(packed)
 
 
 def embedding(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

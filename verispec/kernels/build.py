@@ -1,6 +1,6 @@
 """JIT-build verispec's CPU kernels (the bf16 matmul: AMX in gemv_bf16.cpp,
 AVX-512-BF16 in gemv_avx512.cpp, GGUF block formats in quant*.cpp, their
-integer path on AVX-512-VNNI in quant_i8.cpp; the
+integer path on AVX-512-VNNI in quant_i8*.cpp; the
 row-invariant attention in attention.cpp; the fused decoder layers in layer.cpp and gemma_layer.cpp;
 suffix decoding's lookup in suffix.cpp)
 once per machine.
@@ -24,7 +24,8 @@ from pathlib import Path
 
 _HERE = Path(__file__).parent
 _SOURCES = [_HERE / name for name in ("bindings.cpp", "gemv_bf16.cpp", "gemv_avx512.cpp", "quant.cpp",
-                                      "quant_formats.cpp", "quant_fused.cpp", "quant_i8.cpp",
+                                      "quant_formats.cpp", "quant_fused.cpp", "quant_i8.cpp", "quant_i8_pack.cpp",
+                                      "quant_i8_legacy.cpp", "quant_i8_k.cpp",
                                       "attention.cpp", "layer.cpp", "gemma_layer.cpp", "suffix.cpp")]
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-mavx512bf16",
           "-fopenmp"]

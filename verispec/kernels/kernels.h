@@ -12,10 +12,11 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
                       const std::vector<int64_t>& outs, int64_t in);
 at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids);
 std::vector<int64_t> quant_types();
-// GGUF block rows for the integer path (quant_i8.cpp): Q4_0, Q4_1, Q8_0.
+// GGUF block rows for the integer path (quant_i8*.cpp): every format of quant_types().
 at::Tensor pack_quant_i8(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
                          const std::vector<int64_t>& outs, int64_t in);
 std::vector<int64_t> quant_i8_types();
+bool is_quant_i8(const at::Tensor& packed);  // whether pack_quant_i8 made it
 // Row counts up to this take the fused quantized matmul on AVX-512 (0: never);
 // rows >= 0 sets it. Returns the value in force.
 int64_t quant_fused_rows(int64_t rows);

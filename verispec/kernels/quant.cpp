@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -107,6 +108,13 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
 
 namespace vs {
 
+void advise_huge_pages(void* data, int64_t bytes) {
+  constexpr uintptr_t kHuge = 2 << 20;
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kHuge - 1);
+  if (end > start) madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);
+}
+
 Stacked pack_stack(const char* who, const std::vector<at::Tensor>& raws, const std::vector<StackPart>& parts,
                    const std::vector<int64_t>& outs, int64_t in, size_t header_bytes) {
   const size_t count = parts.size();
@@ -136,6 +144,7 @@ Stacked pack_stack(const char* who, const std::vector<at::Tensor>& raws, const s
   const int64_t data_offset = (static_cast<int64_t>(header_bytes) + 16 * groups + 63) / 64 * 64;
   at::Tensor packed = at::empty({data_offset + bytes}, at::TensorOptions().dtype(at::kByte));
   uint8_t* base = packed.data_ptr<uint8_t>();
+  advise_huge_pages(base, packed.numel());  // before the first touch
   std::memset(base, 0, data_offset);
   auto* table = reinterpret_cast<int64_t*>(base + header_bytes);
   for (int64_t g = 0; g < groups; ++g) {

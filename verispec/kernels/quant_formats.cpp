@@ -1,6 +1,8 @@
 // Repack of each GGUF block format into tile blocks (see quant_formats.h for the
 // tile-block idea and why the values are exact); the in-register dequantization
 // of each lives in quant_blocks.h.
+#include <iterator>
+
 #include "quant_blocks.h"
 #include "quant_formats.h"
 
@@ -54,7 +56,6 @@ void repack_q4_1(const uint8_t* const* rows, uint8_t* dst) {
 }
 
 // Q5_0: d, qh (u32), qs[16]; w = d * ((q | h << 4) - 16). Tile: d[16], nibbles, masks.
-int q5_high(const uint8_t* qh, int e) { return (u32(qh) >> e) & 1; }
 void repack_q5_0(const uint8_t* const* rows, uint8_t* dst) {
   copy_field(rows, 0, dst);
   pack_nibbles(rows, 16, [](const uint8_t* b, int e) { return nib32(b + 6, e); }, dst + 32);
@@ -104,20 +105,12 @@ void repack_q4_k(const uint8_t* const* rows, uint8_t* dst) {
 void repack_q5_k(const uint8_t* const* rows, uint8_t* dst) {
   k_scales(rows, dst);
   pack_nibbles(rows, 128, [](const uint8_t* b, int e) { return nib256(b + 48, e); }, dst + 320);
-  pack_bits(rows, 128, [](const uint8_t* b, int e) { return (b[16 + e % 32] >> (e / 32)) & 1; }, dst + 2368);
+  pack_bits(rows, 128, q5k_high, dst + 2368);
 }
 
 // Q6_K: ql[128], qh[64], scales[16] int8, d; sub-block s of 16: w = (d * sc_s) * (q - 32),
 // q = low 4 bits from ql | 2 bits from qh << 4. Tile: d[16], sc[16][16], nibbles,
 // then per pair two u32 (halves a, b) of 2-bit fields (bits 2t, 2t + 1: lane t).
-int q6_low(const uint8_t* b, int e) {
-  const int h = e / 128, r = e % 128;
-  return (b[h * 64 + r % 64] >> (4 * (r / 64))) & 15;
-}
-int q6_high(const uint8_t* b, int e) {
-  const int h = e / 128, r = e % 128;
-  return (b[128 + h * 32 + r % 32] >> (2 * (r / 32))) & 3;
-}
 void repack_q6_k(const uint8_t* const* rows, uint8_t* dst) {
   copy_field(rows, 208, dst);
   for (int s = 0; s < 16; ++s) {
@@ -149,15 +142,10 @@ const Format kFormats[] = {
 }  // namespace
 
 const Format* formats(int64_t* count) {
-  *count = sizeof(kFormats) / sizeof(kFormats[0]);
+  *count = std::size(kFormats);
   return kFormats;
 }
 
-const Format* find(int64_t type) {
-  for (const Format& f : kFormats) {
-    if (f.type == type) return &f;
-  }
-  return nullptr;
-}
+const Format* find(int64_t type) { return find_type(kFormats, type); }
 
 }  // namespace vs::quant

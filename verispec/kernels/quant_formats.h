@@ -41,6 +41,15 @@ struct Format {
 const Format* find(int64_t type);  // nullptr when unsupported
 const Format* formats(int64_t* count);
 
+// The entry of a format table (this path's or the integer path's) for a ggml type, or nullptr.
+template <class F, size_t N>
+const F* find_type(const F (&table)[N], int64_t type) {
+  for (const F& f : table) {
+    if (f.type == type) return &f;
+  }
+  return nullptr;
+}
+
 // ---- raw block access (byte layouts as in ggml-common.h / gguf/quants.py) ----
 
 inline uint32_t u32(const uint8_t* p) {
@@ -54,6 +63,22 @@ inline int nib32(const uint8_t* qs, int e) { return e < 16 ? qs[e] & 15 : qs[e -
 
 // 4-bit quants of a 256-weight K block: 64-element chunks of 32 bytes, low then high nibbles.
 inline int nib256(const uint8_t* qs, int e) { return (qs[(e / 64) * 32 + e % 32] >> (4 * ((e % 64) / 32))) & 15; }
+
+// The fifth bit of element e of a Q5_0 / Q5_1 block (qh: its u32 of high bits).
+inline int q5_high(const uint8_t* qh, int e) { return (u32(qh) >> e) & 1; }
+
+// The fifth bit of element e of a Q5_K block (b: the block).
+inline int q5k_high(const uint8_t* b, int e) { return (b[16 + e % 32] >> (e / 32)) & 1; }
+
+// Q6_K element e's low 4 bits (from ql) and high 2 bits (from qh) (b: the block).
+inline int q6_low(const uint8_t* b, int e) {
+  const int h = e / 128, r = e % 128;
+  return (b[h * 64 + r % 64] >> (4 * (r / 64))) & 15;
+}
+inline int q6_high(const uint8_t* b, int e) {
+  const int h = e / 128, r = e % 128;
+  return (b[128 + h * 32 + r % 32] >> (2 * (r / 32))) & 3;
+}
 
 // Q4_K / Q5_K 6-bit sub-block scale and min (gguf Q4_K.get_scale_min).
 inline void scale_min(const uint8_t* s, int i, int* sc, int* m) {

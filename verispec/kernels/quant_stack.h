@@ -50,6 +50,12 @@ bool is_stack(const at::Tensor& packed, int64_t magic) {
          reinterpret_cast<const H*>(packed.data_ptr<uint8_t>())->magic == magic;
 }
 
+// Asks Linux for 2 MiB pages over the whole 2 MiB spans of [data, data + bytes),
+// before their first touch. A weight pack is one long read stream per product: on
+// 4 KiB pages the hardware prefetcher stops at every page and the TLB misses
+// every few blocks.
+void advise_huge_pages(void* data, int64_t bytes);
+
 // Checks raws against parts and outs (`who` names the caller in errors), then
 // lays out and repacks every tile block.
 Stacked pack_stack(const char* who, const std::vector<at::Tensor>& raws, const std::vector<StackPart>& parts,

@@ -10,8 +10,9 @@ touches a value: the quantized rows stay exact.
 
 Quantized weights go to kernels.pack_quant, whose product equals the dense
 bf16 product on the gguf package's dequantization rounded to bf16, bit for
-bit. A block type the kernels lack is dequantized to bf16 for that tensor
-alone, with one note per type.
+bit, or on the integer path (int8=True) to kernels.pack_quant_i8, llama.cpp's
+arithmetic. A block type the kernels lack is dequantized to bf16 for that
+tensor alone, with one note per type.
 """
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ class _Builder:
                  device: torch.device, int8: bool = False) -> None:
         self.gf, self.spec, self.quant, self.dtype, self.device = gf, spec, quant, dtype, device
         self.kernel_types = set(kernels.quant_types()) if quant else set()
-        # int8: the formats with an integer path take it (pack_quant_i8); the rest,
-        # and stacks mixing them with others, keep the bf16 path.
+        # int8: the formats with an integer path take it (pack_quant_i8: all of the
+        # kernels' formats); a stack mixing one without it keeps the bf16 path.
         self.i8_types = set(kernels.quant_i8_types()) if quant and int8 else set()
         self.kind = "dense" if not quant else "quant-i8" if int8 else "quant"
         self.permuted = spec.model_type in _PERMUTED
@@ -296,7 +297,8 @@ def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.d
                       device: torch.device, quiet: bool = False, int8: bool = False) -> ModelWeights:
     """The native weights of `gf`. quant=True packs quantized tensors for the
     kernels (bf16 on CPU only); quant=False dequantizes every tensor to `dtype`.
-    int8 (with quant): Q4_0, Q4_1 and Q8_0 take the kernels' integer path."""
+    int8 (with quant): the blocks take the kernels' integer path (every format the
+    kernels have, on AVX-512-VNNI)."""
     _check_quant(quant, dtype, device)
     b = _Builder(gf, spec, quant, dtype, device, int8)
     names = layer_names(gf.metadata.get("general.architecture"))

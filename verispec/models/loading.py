@@ -1,8 +1,9 @@
 """Find, convert and load target models: the embedded default, a local HF
 directory (safetensors), or a GGUF file.
 
-A GGUF file runs as it is where verispec's kernels build (weights="quant", the
-default there): its blocks are memory-mapped and packed for the kernels, and
+A GGUF file runs as it is where verispec's kernels build (weights="auto": the
+integer path "quant-i8" on AVX-512-VNNI, else "quant", whose logits are the dense
+bf16 ones): its blocks are memory-mapped and packed for the kernels, and
 only its tokenizer is cached (a few MB). weights="dense" takes the older path,
 also the fallback: transformers dequantizes the file once into a dense
 safetensors cache."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -245,11 +247,22 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None
     return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
 
 
+def auto_quant_kind() -> str:
+    """The kernels' path weights="auto" takes for a GGUF file's blocks: "quant-i8"
+    (int8 activations, llama.cpp's arithmetic) where the CPU has AVX-512-VNNI, since
+    speculation is bit-exact against plain decoding on either path and the integer
+    one is faster; else "quant" (the dense bf16 logits)."""
+    from verispec import kernels
+
+    return "quant-i8" if kernels.available() and kernels.quant_i8_types() else "quant"
+
+
 def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
                 batch_invariant: bool) -> LoadedTarget | None:
     """The GGUF file in its blocks on the kernels, or None where weights="auto"
     cannot have that (no kernels, not bf16 on CPU, an architecture the native
-    backend lacks); weights="quant" or "quant-i8" then raises the reason instead."""
+    backend lacks); weights="quant" or "quant-i8" then raises the reason instead.
+    auto takes the integer path (quant-i8) where the CPU has AVX-512-VNNI, else quant."""
     from verispec import kernels
     from verispec.models.gguf_arch import parse_arch
     from verispec.models.gguf_file import GGUFError, GGUFFile
@@ -267,7 +280,8 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     elif not kernels.available():
         reason = "verispec's CPU kernels are off on this machine (see the warning above)"
     elif weights == "quant-i8" and not kernels.quant_i8_types():
-        reason = "the integer path needs AVX-512-VNNI, which this CPU lacks"
+        reason = ("the integer path needs AVX-512-VNNI, which this CPU lacks"
+                  + (" (VERISPEC_NO_VNNI is set)" if os.environ.get("VERISPEC_NO_VNNI") else ""))
     else:
         try:
             parse_arch(hf_config(gf))
@@ -279,7 +293,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         if weights != "auto":
             raise ValueError(f"--weights {weights}: {reason}; use --weights dense")
         return None
-    int8 = weights == "quant-i8"
+    int8 = (auto_quant_kind() if weights == "auto" else weights) == "quant-i8"
     target = native_from_gguf(gf, torch_dtype, dev, quant=True, batch_invariant=batch_invariant,
                               int8=int8)
     tokenizer = gguf_tokenizer(gguf, metadata=gf.metadata)
@@ -324,8 +338,10 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
                 weights: str = "auto") -> LoadedTarget:
     """A TargetModel for `source`. auto picks the native Llama-family backend
     where it supports the architecture and falls back to transformers.
-    `weights` (GGUF files): quant runs the blocks in the kernels, dense the
-    dequantized matrices, auto quant where it can."""
+    `weights` (GGUF files): quant runs the blocks in the kernels with the dense
+    logits, quant-i8 on their integer path (int8 activations, as llama.cpp), dense
+    the dequantized matrices; auto quant-i8 where the CPU has AVX-512-VNNI, else
+    quant where the kernels build, else dense."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if weights not in WEIGHTS:

@@ -19,8 +19,8 @@ def native_from_gguf(path, dtype: torch.dtype = torch.bfloat16, device: torch.de
                      int8: bool = False) -> NativeLlama:
     """A target from a GGUF file (a path or an open GGUFFile): quant=True keeps the
     weights in their blocks for the kernels, quant=False dequantizes them to `dtype`;
-    int8=True (with quant) multiplies Q4_0 / Q4_1 / Q8_0 blocks by int8-rounded
-    activations (kernels.pack_quant_i8)."""
+    int8=True (with quant) multiplies the blocks by int8-rounded activations
+    (kernels.pack_quant_i8), as llama.cpp does."""
     device = torch.device(device)
     model = read_gguf(path, dtype, device, quant, quiet, int8)
     name = f"native:{model.path.stem}"

@@ -1,0 +1,223 @@
+// The integer path's K-quants (Q4_K, Q5_K, Q6_K), with x per 256 values as llama.cpp's
+// Q8_K: one super-block's whole dot product is exact in int32, and only two float
+// steps follow it.
+//
+//   Q4_K / Q5_K: w = (d * sc_s) * q - dmin * m_s over 8 sub-blocks of 32, so
+//     y += float(sum_s sc_s * I_s) * (d * d_x), then y -= float(sum_s m_s * X_s) * (dmin * d_x),
+//   Q6_K: w = (d * sc_s) * (q - 32) over 16 sub-blocks of 16, so
+//     y += float(sum_s sc_s * I_s - 32 * sum_s sc_s * X_s) * (d * d_x),
+// where I_s = sum q * q_x over the sub-block (VPDPBUSD: unsigned weights, signed x)
+// and X_s = sum q_x (from Rows). |sum_s sc_s * I_s| < 2^31 for every format: at most
+// 8 * 63 * 32 * 31 * 127 (Q5_K) and 16 * 128 * 16 * 63 * 127 (Q6_K).
+//
+// Loop order: super-blocks outer, then the group's tiles T at a time, then the rows
+// in chunks of at most kMaxRows. A super-block of a group (9-13 KiB) is read from
+// DRAM once and stays in L1 for every chunk and sweep; each tile is unpacked once per
+// chunk, and the float accumulators live in acc between super-blocks.
+#include <utility>
+
+#include "quant_i8.h"
+
+#pragma GCC target("avx512vnni")
+
+namespace vs::i8 {
+namespace {
+
+constexpr int kMaxRows = 8;
+constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
+
+VS_I8_INLINE __mmask64 mask64(const uint8_t* p) {
+  uint64_t m;
+  std::memcpy(&m, p, 8);
+  return m;
+}
+
+VS_I8_INLINE __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+VS_I8_INLINE __m512 halves(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// One chunk's rows at one super-block: their int8 values, sums and scale.
+template <int R>
+struct XBlock {
+  const int8_t* q[R];  // the super-block's 256 values
+  const int16_t* sums[R];  // its sums per 32 (Q4_K, Q5_K) or per 16 (Q6_K)
+  float d[R];
+};
+
+// y += float(total) * (d_w * d_x) for the R x T accumulators at acc (row stride 64).
+template <int R, int T>
+VS_I8_INLINE void scale_into(const uint8_t* t0, int64_t tb, const __m512i (&total)[R][T], const XBlock<R>& x,
+                             float* acc) {
+  for (int j = 0; j < T; ++j) {
+    const __m512 dw = halves(t0 + j * tb);
+    for (int r = 0; r < R; ++r) {
+      float* a = acc + r * kGroupOut + j * kTileOut;
+      const __m512 step = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[r]));
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][j]), step, _mm512_loadu_ps(a)));
+    }
+  }
+}
+
+// Q4_K / Q5_K tile: d @0, dmin @32, sc [8][16] @64, m pairs [4][16][2] @192,
+// nibbles (32 vectors) @320, Q5_K's fifth bits (64 masks) @2368.
+template <bool kFive, int R, int T>
+void q45k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
+  constexpr int64_t tb = kFive ? 2880 : 2368;
+  const __m512i low4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+  __m512i total[R][T];
+  for (int s = 0; s < 8; ++s) {
+    __m512i part[R][T];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < T; ++j) part[r][j] = _mm512_setzero_si512();
+    }
+    for (int v = 0; v < 4; ++v) {
+      for (int j = 0; j < T; ++j) {
+        const uint8_t* t = t0 + j * tb;
+        const __m512i w = load(t + 320 + 64 * (4 * s + v));
+        __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+        if constexpr (kFive) {
+          lo = _mm512_mask_add_epi8(lo, mask64(t + 2368 + 8 * (8 * s + v)), lo, sixteen);
+          hi = _mm512_mask_add_epi8(hi, mask64(t + 2368 + 8 * (8 * s + 4 + v)), hi, sixteen);
+        }
+        for (int r = 0; r < R; ++r) {
+          part[r][j] = _mm512_dpbusd_epi32(part[r][j], lo, bcast4(x.q[r] + 32 * s + 4 * v));
+          part[r][j] = _mm512_dpbusd_epi32(part[r][j], hi, bcast4(x.q[r] + 32 * s + 16 + 4 * v));
+        }
+      }
+    }
+    for (int j = 0; j < T; ++j) {
+      const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t0 + j * tb + 64 + 16 * s)));
+      for (int r = 0; r < R; ++r) {
+        const __m512i scaled = _mm512_mullo_epi32(part[r][j], sc);
+        total[r][j] = s == 0 ? scaled : _mm512_add_epi32(total[r][j], scaled);
+      }
+    }
+  }
+  scale_into<R, T>(t0, tb, total, x, acc);
+  for (int j = 0; j < T; ++j) {
+    const uint8_t* t = t0 + j * tb;
+    __m512i mins[4];
+    for (int p = 0; p < 4; ++p) mins[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 192 + 32 * p)));
+    const __m512 dmin = halves(t + 32);
+    for (int r = 0; r < R; ++r) {
+      __m512i msum = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) msum = _mm512_dpwssd_epi32(msum, mins[p], bcast4(x.sums[r] + 2 * p));
+      float* a = acc + r * kGroupOut + j * kTileOut;
+      const __m512 step = _mm512_mul_ps(dmin, _mm512_set1_ps(x.d[r]));
+      _mm512_storeu_ps(a, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), step, _mm512_loadu_ps(a)));
+    }
+  }
+}
+
+// Q6_K tile: d @0, sc pairs [8][16][2] (int8) @32, low nibbles (32 vectors) @288,
+// high 2 bits (16 vectors, one per sub-block) @2336.
+template <int R, int T>
+void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
+  constexpr int64_t tb = 3360;
+  const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
+  const auto pairs = [](const uint8_t* t, int g) {  // (sc_2g, sc_2g+1) per output, int16
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32 + 32 * g)));
+  };
+  __m512i total[R][T];
+  for (int s = 0; s < 16; ++s) {
+    const int g = s / 2, h = s % 2;
+    __m512i part[R][T];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < T; ++j) part[r][j] = _mm512_setzero_si512();
+    }
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < T; ++j) {
+        const uint8_t* t = t0 + j * tb;
+        const __m512i w = load(t + 288 + 64 * (4 * g + i));
+        const __m512i low = h ? _mm512_and_si512(_mm512_srli_epi16(w, 4), low4) : _mm512_and_si512(w, low4);
+        // bits [2i + 1 : 2i] of each byte to [5:4]; what a 16-bit shift moves in
+        // from the neighbouring byte lands outside [5:4], and the mask drops it.
+        const __m512i hv = load(t + 2336 + 64 * s);
+        const __m512i high = i == 0 ? _mm512_slli_epi16(hv, 4) : i == 1 ? _mm512_slli_epi16(hv, 2)
+                                    : i == 2 ? hv : _mm512_srli_epi16(hv, 2);
+        const __m512i q = _mm512_ternarylogic_epi32(low, high, top2, 0xF8);  // low | (high & 0x30)
+        for (int r = 0; r < R; ++r) part[r][j] = _mm512_dpbusd_epi32(part[r][j], q, bcast4(x.q[r] + 16 * s + 4 * i));
+      }
+    }
+    for (int j = 0; j < T; ++j) {
+      const __m512i both = pairs(t0 + j * tb, g);
+      const __m512i sc = h ? _mm512_srai_epi32(both, 16) : _mm512_srai_epi32(_mm512_slli_epi32(both, 16), 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512i scaled = _mm512_mullo_epi32(part[r][j], sc);
+        total[r][j] = s == 0 ? scaled : _mm512_add_epi32(total[r][j], scaled);
+      }
+    }
+  }
+  for (int j = 0; j < T; ++j) {
+    __m512i sc[8];
+    for (int g = 0; g < 8; ++g) sc[g] = pairs(t0 + j * tb, g);
+    for (int r = 0; r < R; ++r) {
+      __m512i offset = _mm512_setzero_si512();  // sum_s sc_s * X_s
+      for (int g = 0; g < 8; ++g) offset = _mm512_dpwssd_epi32(offset, sc[g], bcast4(x.sums[r] + 2 * g));
+      total[r][j] = _mm512_sub_epi32(total[r][j], _mm512_slli_epi32(offset, 5));
+    }
+  }
+  scale_into<R, T>(t0, tb, total, x, acc);
+}
+
+// Tiles swept at once for R rows. The R x T sub-block accumulators and T unpacked
+// vectors stay in registers; from 5 rows the super-block sums spill to L1, once per
+// sub-block, which costs less than one tile a time, where each broadcast of x feeds a
+// single VPDPBUSD (docs/notebook/quant_i8_kquant.md).
+constexpr int tiles_for(int rows) { return rows <= 2 ? 4 : 2; }
+
+template <int Type, int R>
+void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc) {
+  constexpr int T = tiles_for(R);
+  constexpr int64_t tb = Type == 12 ? 2368 : Type == 13 ? 2880 : 3360;
+  XBlock<R> xb;
+  const int64_t in = x.in, blocks = in / 256;
+  for (int r = 0; r < R; ++r) {
+    xb.q[r] = x.q256.data() + (r0 + r) * in + b * 256;
+    xb.sums[r] = Type == 14 ? x.sum16.data() + (r0 + r) * (in / 16) + b * 16
+                            : x.sum32.data() + (r0 + r) * (in / 32) + b * 8;
+    xb.d[r] = x.d256[(r0 + r) * blocks + b];
+  }
+  for (int j0 = 0; j0 < kGroupTiles; j0 += T) {
+    float* a = acc + r0 * kGroupOut + j0 * kTileOut;
+    if constexpr (Type == 14) {
+      q6k<R, T>(block + j0 * tb, xb, a);
+    } else {
+      q45k<Type == 13, R, T>(block + j0 * tb, xb, a);
+    }
+  }
+}
+
+template <int Type, int... Rs>
+void chunk_rows(const uint8_t* block, const Rows& x, int64_t r0, int64_t rows, int64_t b, float* acc,
+                std::integer_sequence<int, Rs...>) {
+  ((rows == Rs + 1 ? chunk<Type, Rs + 1>(block, x, r0, b, acc) : void()), ...);
+}
+
+template <int Type>
+void group(const uint8_t* gd, int64_t blocks, const Rows& x, float* acc) {
+  constexpr int64_t block_bytes = kGroupTiles * (Type == 12 ? 2368 : Type == 13 ? 2880 : 3360);
+  const int64_t chunks = (x.n + kMaxRows - 1) / kMaxRows;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = gd + b * block_bytes;
+    const char* next = reinterpret_cast<const char*>(block + kAheadBytes);
+    for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r0 = c * x.n / chunks, rows = (c + 1) * x.n / chunks - r0;
+      chunk_rows<Type>(block, x, r0, rows, b, acc, std::make_integer_sequence<int, kMaxRows>());
+    }
+  }
+}
+
+}  // namespace
+
+void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, float* acc) {
+  switch (type) {
+    case 12: group<12>(gd, blocks, x, acc); break;
+    case 13: group<13>(gd, blocks, x, acc); break;
+    default: group<14>(gd, blocks, x, acc); break;
+  }
+}
+
+}  // namespace vs::i8
