@@ -112,7 +112,7 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{_free_port()}"
         env = dict(os.environ)
         # A passive OpenMP wait makes llama.cpp's threads sleep between graph nodes, several
-        # times slower (docs/quantized.md); the bench's own setting is not the server's.
+        # times slower (docs/notebook/quantized.md); the bench's own setting is not the server's.
         env.pop("OMP_WAIT_POLICY", None)
         command = [str(binary), *args, "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1]]
         try:
