@@ -17,12 +17,10 @@ import openai.types.chat.completion_create_params as chat_params
 import openai.types.completion_create_params as completion_params
 import pytest
 from conftest import tiny_engine_default_tokenizer
+from server_support import tiny_server
 from typing_extensions import is_typeddict
 
 from verispec.serving import conformance
-from verispec.serving.protocol import ServeDefaults
-from verispec.serving.scheduler import SchedulerConfig
-from verispec.serving.server import ServerConfig, ServerThread, create_app
 
 ROUTES = {"/v1/chat/completions": chat_params, "/v1/completions": completion_params}
 TOOL = {"type": "function", "function": {"name": "ping", "description": "ping a host",
@@ -103,9 +101,7 @@ def nested_nulls(hint, value):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     engine = tiny_engine_default_tokenizer(tmp_path_factory.mktemp("tiny-49k-fields"), seed=5)
-    config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=4, adaptive=True),
-                          SchedulerConfig(max_num_seqs=4, max_queue=16))
-    with ServerThread(create_app(engine, config)) as srv:
+    with tiny_server(engine, proposer="ngram", k=4, adaptive=True) as srv:
         yield srv
 
 

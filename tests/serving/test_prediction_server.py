@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 from conftest import tiny_engine
-from server_support import ChatCharTokenizer, raw
+from server_support import ChatCharTokenizer, openai_client, raw, tiny_server
 from test_server import wait_drained
 
 from verispec import SamplingParams, SpecConfig
-from verispec.serving.protocol import ServeDefaults
-from verispec.serving.scheduler import SchedulerConfig
-from verispec.serving.server import ServerConfig, ServerThread, create_app
 
 PLAIN = SpecConfig("none", k=0)
 MESSAGES = [{"role": "user", "content": "hello hello hello"}]
@@ -30,15 +26,13 @@ def engine():
 
 @pytest.fixture(scope="module")
 def server(engine):
-    config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=6, adaptive=True),
-                          SchedulerConfig(max_num_seqs=4, max_queue=16))
-    with ServerThread(create_app(engine, config)) as srv:
+    with tiny_server(engine, proposer="ngram", k=6, adaptive=False) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +92,7 @@ def test_no_details_without_a_prediction_and_bad_predictions_are_400(client, ser
 
 
 def test_sampled_request_with_a_prediction_is_served_and_counted(client, answer):
-    """Its distribution is tests/test_prediction.py's chi-square test."""
+    """Its distribution is tests/proposers/test_prediction.py's chi-square test."""
     got = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40,
                                          temperature=0.8, seed=3,
                                          prediction={"type": "content", "content": answer})

@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 from conftest import CharTokenizer, tiny_engine, tiny_target
-from server_support import ChatCharTokenizer, raw
+from server_support import ChatCharTokenizer, openai_client, raw, tiny_server
 
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.serving.protocol import ServeDefaults, encode_chat, fallback_chat_text
@@ -31,16 +31,14 @@ def engine():
 
 @pytest.fixture(scope="module")
 def server(engine):
-    config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=6, adaptive=True,
-                                                   allowed_drafts=("same",)),
-                          SchedulerConfig(max_num_seqs=6, max_queue=32))
-    with ServerThread(create_app(engine, config)) as srv:
+    with tiny_server(engine, max_num_seqs=6, max_queue=32, proposer="ngram", k=6, adaptive=True,
+                     allowed_drafts=("same",)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 

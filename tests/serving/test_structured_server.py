@@ -14,15 +14,13 @@ import pytest
 import torch
 from conftest import tiny_engine_default_tokenizer, tiny_llama
 from pydantic import BaseModel, Field
-from server_support import raw
+from server_support import openai_client, raw, tiny_server
 
 from verispec import Engine
 from verispec.models.llama import NativeLlama
 from verispec.models.loading import default_gguf_path, gguf_tokenizer
-from verispec.serving.protocol import ServeDefaults, message_texts
+from verispec.serving.protocol import message_texts
 from verispec.serving.requests import Message
-from verispec.serving.scheduler import SchedulerConfig
-from verispec.serving.server import ServerConfig, ServerThread, create_app
 
 
 class City(BaseModel):
@@ -47,15 +45,13 @@ MESSAGES = [{"role": "user", "content": "Tell me about a city."}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     engine = tiny_engine_default_tokenizer(tmp_path_factory.mktemp("tiny-49k-serve"), seed=5)
-    config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=4, adaptive=False),
-                          SchedulerConfig(max_num_seqs=4, max_queue=16))
-    with ServerThread(create_app(engine, config)) as srv:
+    with tiny_server(engine, proposer="ngram", k=4, adaptive=False) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 def test_parse_with_a_pydantic_model(client):
@@ -233,10 +229,9 @@ def tool_engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tool_client(tool_engine):
-    config = ServerConfig(("tiny",), ServeDefaults(proposer="ngram", k=4, adaptive=False),
-                          SchedulerConfig(max_num_seqs=2))
-    with ServerThread(create_app(tool_engine, config)) as srv:
-        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    with tiny_server(tool_engine, max_num_seqs=2, max_queue=64, proposer="ngram", k=4,
+                     adaptive=False) as srv:
+        yield openai_client(srv)
 
 
 def _lark_literal(text: str) -> dict:
