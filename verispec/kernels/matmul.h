@@ -68,7 +68,7 @@ QuantGroup quant_group(const at::Tensor& packed, int64_t g);
 // AVX-512, dequantizing in registers (quant_fused.cpp); the same bits as
 // matmul_avx512 over quant_chunks. Only 256-weight K blocks gain from the fused
 // pass past 4 rows: a 32-weight block's two tiles are too short a run of bytes
-// for its two sweeps (docs/quant_kernels.md).
+// for its two sweeps (docs/notebook/quant_kernels.md).
 constexpr int kFusedRows = 8;
 constexpr int64_t fused_rows_for_block(int64_t block) { return block == 256 ? kFusedRows : 4; }
 int64_t quant_fused_limit(const at::Tensor& packed);  // set once by pack_quant
