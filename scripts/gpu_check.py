@@ -332,6 +332,8 @@ def _goal(what: str, met: bool, detail: str) -> str:
 def run(args) -> int:
     started = time.perf_counter()
     dry = args.cpu_dry_run
+    if dry:
+        torch.set_num_threads(1)  # a tiny model's matmuls only wait on a second thread
     sizes = Sizes(sweep_rows=8, blocks=(2, 3, 5, 8, 9), limit=1, max_new_tokens=12, profile_max_n=8,
                   profile_repeats=1, speed_limit=1, speed_tokens=12) if dry else Sizes()
     out_dir = Path(args.work or tempfile.mkdtemp(prefix="verispec-gpu-check-"))

@@ -8,6 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from verispec.bench.workloads import WORKLOADS
+
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("1. bf16 matmul row invariance", "2. Model: decode against verify blocks",
             "3. Greedy equality on the held-in workloads, every proposer", "4. verispec profile",
@@ -61,14 +63,16 @@ def test_dry_run_writes_every_section(tmp_path, whole_script):
     """Every section's code on the CPU, to one report with the goals at the end."""
     out = tmp_path / "report.md"
     run = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-dry-run", "--out", str(out),
-                          "--model", str(tmp_path / "tiny"), "--work", str(tmp_path / "work")],
-                         cwd=whole_script, capture_output=True, text=True, timeout=900)
+                          "--model", str(tmp_path / "tiny"), "--work", str(tmp_path / "work"),
+                          "--budget", "1200"],
+                         cwd=whole_script, capture_output=True, text=True, timeout=1500)
     assert run.returncode == 0, run.stderr[-3000:]
     report = out.read_text()
     for title in SECTIONS:
         assert f"## {title}" in report
     assert "FAILED" not in report and "not run:" not in report, report
     assert "start-up self-check: **ok**" in report
-    assert "| ngram+tree=16 | 8 | 8 | 0 | 0 |" in report  # one prompt of each held-in workload
+    held_in = len(WORKLOADS)  # one prompt of each held-in workload
+    assert f"| ngram+tree=16 | {held_in} | {held_in} | 0 | 0 |" in report
     assert "hf-static" in report and "hf-pld" in report
     assert "## The issue's goals" in report and "settings cost" in report
