@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran at commits 3697828 and the policy branch (9ea1048-0827456), before issue 42's folder move;
+# kept as a record, not maintained.
 # Issue 42's A/Bs, each under /work/bin/cpulock -x (one hold per call), through bench.py's
 # switches. BASE: the checkout of 3697828 (git worktree add --detach $BASE 3697828); NEW: the
 # policy branch. Reports land in $OUT/<name>/, the tables in $OUT/<name>.log.

@@ -4,6 +4,9 @@ seeded synthetic pairs, timed in process, microseconds per replayed step (median
 ROUNDS). Run it under each checkout's PYTHONPATH, interleaved, under cpulock -x:
 
     PYTHONPATH=BASE python docs/notebook/house_policy/policy_host.py
+
+Ran at commits 3697828 and the policy branch (9ea1048-0827456), before issue 42's folder
+move; kept as a record, not maintained: it may not run against today's modules.
 """
 import os
 import statistics

@@ -5,6 +5,9 @@ side by side on the same prompts, next to the A/A ratio of two identical configs
     python docs/notebook/house_policy/ratios.py RESULTS_DIR [CONFIG/REFERENCE ...]
     python docs/notebook/house_policy/ratios.py /tmp/hp/auto_base_mixed auto/ngram+auto \\
         ngram+auto+ngram_min=1/ngram+auto ngram+auto/none auto/none
+
+Ran at commits 3697828 and the policy branch (9ea1048-0827456), before issue 42's folder
+move; kept as a record, not maintained: it may not run against today's modules.
 """
 import json
 import statistics

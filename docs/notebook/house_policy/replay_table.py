@@ -8,6 +8,9 @@ by this script's first version, at commit b94b136.)
 
     PYTHONPATH=BASE python docs/notebook/house_policy/replay_table.py /tmp/hp/outputs.json
     PYTHONPATH=.    python docs/notebook/house_policy/replay_table.py /tmp/hp/outputs.json
+
+Ran at commits 3697828 and the policy branch (9ea1048-0827456), before issue 42's folder
+move; kept as a record, not maintained: it may not run against today's modules.
 """
 import json
 import sys

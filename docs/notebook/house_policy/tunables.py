@@ -5,6 +5,9 @@ the default's, per workload and slope. A default that sits on a plateau reads 1.
 both sides; one that matters shows which way it would move.
 
     PYTHONPATH=. python docs/notebook/house_policy/tunables.py /tmp/hp/outputs.json [NAMES]
+
+Ran at commits 3697828 and the policy branch (9ea1048-0827456), before issue 42's folder
+move; kept as a record, not maintained: it may not run against today's modules.
 """
 import json
 import statistics

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran once at commit 4536af7 (the peer branch) on this machine's llama.cpp builds; kept as a
+# record, not maintained.
 # native vs avx512 build of the same llama.cpp: tg32 at depth 200, 1 and 2 threads, alternated
 N=/work/scratch/llama.cpp/build-0.3.36-native/bin/llama-bench
 A=/work/scratch/llama.cpp/avx512/build-0.3.36-avx512/bin/llama-bench
