@@ -101,7 +101,8 @@ def model_bits(model, blocks) -> tuple[str, bool]:
 
 
 def greedy_equality(engine, sizes: Sizes, proposers: list[str]) -> tuple[str, dict]:
-    from verispec.bench.runner import VERISPEC, BenchConfig, Runner, encode_prompts, proposer_spec
+    from verispec.bench.configs import VERISPEC, BenchConfig, proposer_spec
+    from verispec.bench.runner import Runner, encode_prompts
     from verispec.bench.workloads import WORKLOADS, load_workload
     from verispec.config import SamplingParams
     from verispec.step.lossless import compare_greedy
@@ -151,8 +152,8 @@ def profile(engine, sizes: Sizes, out_dir: Path) -> tuple[str, dict]:
 
 def speed(engine, hf_engine, sizes: Sizes, out_dir: Path, peers: str) -> tuple[str, dict]:
     from verispec.bench.bench_cli import BenchPlan, execute
+    from verispec.bench.configs import verispec_configs
     from verispec.bench.peers import parse_peers
-    from verispec.bench.runner import verispec_configs
     from verispec.config import SamplingParams
 
     sampling = SamplingParams(max_new_tokens=sizes.speed_tokens, seed=0)
@@ -182,7 +183,8 @@ def speed(engine, hf_engine, sizes: Sizes, out_dir: Path, peers: str) -> tuple[s
 
 def plain_tok_s(engine, sizes: Sizes) -> float:
     """Median tok/s of plain decoding on the speed workloads' prompts (one warm-up)."""
-    from verispec.bench.runner import VERISPEC, BenchConfig, Runner, encode_prompts, proposer_spec
+    from verispec.bench.configs import VERISPEC, BenchConfig, proposer_spec
+    from verispec.bench.runner import Runner, encode_prompts
     from verispec.bench.workloads import load_workload
     from verispec.config import SamplingParams
 

@@ -11,8 +11,9 @@ from conftest import CharTokenizer, tiny_target
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.bench import bench_cli
 from verispec.bench.calculator import expected_tokens
+from verispec.bench.configs import parse_k_list, verispec_configs
 from verispec.bench.peers import parse_peers
-from verispec.bench.runner import BenchPrompt, parse_k_list, verispec_configs
+from verispec.bench.runner import BenchPrompt
 from verispec.cli.main import build_parser, main
 from verispec.models.base import TargetModel
 from verispec.policy.economics import load_profile
@@ -237,7 +238,7 @@ def test_cli_bench_on_the_default_model(default_model, tmp_path, capsys):
 
 
 def test_proposer_modifiers():
-    from verispec.bench.runner import proposer_spec
+    from verispec.bench.configs import proposer_spec
 
     spec = proposer_spec("ngram+tree=16+auto", 6, None)
     assert (spec.proposer, spec.k, spec.tree, spec.adaptive) == ("ngram", 6, 16, True)

@@ -15,8 +15,9 @@ import torch
 from conftest import tiny_llama
 
 from verispec import Engine, SamplingParams, SpecConfig
+from verispec.bench.configs import BenchConfig
 from verispec.bench.report import structured
-from verispec.bench.runner import BenchConfig, Runner, check_equality, encode_prompts, run_bench
+from verispec.bench.runner import Runner, check_equality, encode_prompts, run_bench
 from verispec.bench.workloads import load_workload, validate_output
 from verispec.models.llama import NativeLlama
 from verispec.models.loading import default_gguf_path, gguf_tokenizer

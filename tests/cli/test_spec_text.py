@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import tiny_engine
 
-from verispec.bench.runner import proposer_spec
+from verispec.bench.configs import proposer_spec
 from verispec.cli.args import spec_from
 from verispec.cli.main import build_parser, main
 from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig

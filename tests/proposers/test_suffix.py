@@ -188,7 +188,8 @@ def test_bench_repeats_never_draft_from_their_own_earlier_run():
     its replay was timed as speculation."""
     from conftest import tiny_engine
 
-    from verispec.bench.runner import BenchPrompt, Runner, run_bench, verispec_configs
+    from verispec.bench.configs import verispec_configs
+    from verispec.bench.runner import BenchPrompt, Runner, run_bench
 
     engine = tiny_engine()
     prompts = [BenchPrompt(f"p{i}", "w", tuple(p)) for i, p in enumerate(PROMPTS)]

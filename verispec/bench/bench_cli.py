@@ -11,19 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verispec.bench import plots, report
+from verispec.bench.configs import PEER, BenchConfig, parse_k_list, verispec_configs
 from verispec.bench.peers import needs_hf, parse_peers
 from verispec.bench.runner import (
-    PEER,
-    BenchConfig,
     BenchPrompt,
     Runner,
     RunRecord,
     check_equality,
     encode_prompts,
     environment,
-    parse_k_list,
     run_bench,
-    verispec_configs,
 )
 from verispec.bench.workloads import WORKLOADS, load_workload, parse_workloads
 from verispec.cli.args import (

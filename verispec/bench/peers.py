@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from verispec.bench import llamacpp, llamaserver
-from verispec.bench.runner import PEER, BenchConfig, PeerOutput
+from verispec.bench.configs import PEER, BenchConfig
+from verispec.bench.runner import PeerOutput
 from verispec.config import SamplingParams
 from verispec.models.loading import DEFAULT_MODEL
 from verispec.step.lossless import Comparison

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Sequence
 
 from verispec.bench.calculator import expected_tokens
-from verispec.bench.runner import PEER, BenchConfig, RunRecord
+from verispec.bench.configs import PEER, BenchConfig
+from verispec.bench.runner import RunRecord
 
 
 @dataclass
