@@ -259,3 +259,13 @@ def test_an_estimate_skips_its_first_reading_only():
     assert not request.timed and server.timed
     request.observe([1], 0.01)
     assert request.table(1)[1] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
+@pytest.mark.parametrize("k", [0, 1, 4, 9])
+def test_expected_tokens_reduces_to_economics(alpha, k):
+    assert tokens_per_pass([alpha] * k)[k] == pytest.approx(expected_tokens(alpha, k))
+
+
+def test_expected_tokens_depth_dependent():
+    assert tokens_per_pass([0.9, 0.5, 0.5])[3] == pytest.approx(1 + 0.9 + 0.45 + 0.225)
