@@ -1,5 +1,7 @@
 """Plain decoding cost of a GGUF file's quantized weights in verispec's kernels,
-against the same file dequantized to dense bf16 and against llama.cpp.
+against the same file dequantized to dense bf16. llama.cpp is not timed here: beside torch
+in one process its OpenMP pool and torch's share the cores (and OMP_WAIT_POLICY, set for
+either, slows the other); scripts/quant_scale.py times it in a process of its own.
 
 Contenders take turns one decode step at a time (each on its own cache, the
 context growing by one token per step), so load from other processes hits them
@@ -30,13 +32,8 @@ import torch  # noqa: E402
 
 
 def load(kind: str, model: str | None):
-    from verispec.models.loading import gguf_source, load_target
+    from verispec.models.loading import load_target
 
-    if kind == "llamacpp":
-        from llama_cpp import Llama
-
-        return Llama(str(gguf_source(model)), n_ctx=1024, n_threads=torch.get_num_threads(),
-                     n_threads_batch=torch.get_num_threads(), verbose=False)
     return load_target(model, dtype="bf16", weights=kind).target
 
 
@@ -72,28 +69,15 @@ def decode_ms(models: dict, tokens: list[int], context: int, steps: int, threads
     torch.set_num_threads(threads)
     caches = {}
     for label, model in models.items():
-        if label == "llamacpp":
-            # llama.cpp fixes its thread count when the context is made (at the
-            # torch default, 2 here); each thread count must be set on it too.
-            model._ctx.set_n_threads(threads, threads)
-            import llama_cpp
-
-            assert llama_cpp.llama_n_threads(model._ctx.ctx) == threads
-            model.reset()
-            model.eval(tokens[:context])
-        else:
-            caches[label] = model.new_cache(context + steps + 1)
-            model.forward(torch.tensor(tokens[:context]), caches[label], num_logits=1)
+        caches[label] = model.new_cache(context + steps + 1)
+        model.forward(torch.tensor(tokens[:context]), caches[label], num_logits=1)
     times = {label: [] for label in models}
     cpu = {label: [] for label in models}
     for step in range(steps):
         token = tokens[context + step]
         for label, model in models.items():
             start, start_cpu = time.perf_counter(), time.process_time()
-            if label == "llamacpp":
-                model.eval([token])
-            else:
-                model.forward(torch.tensor([token]), caches[label])
+            model.forward(torch.tensor([token]), caches[label])
             times[label].append(time.perf_counter() - start)
             cpu[label].append(time.process_time() - start_cpu)
     if cpu_out is not None:
@@ -151,7 +135,6 @@ def main() -> int:
     p.add_argument("--ns", default=None, help="the n of T(n)/T(1) as a comma list (default 1..max-n)")
     p.add_argument("--repeats", type=int, default=7, help="repeats per n of T(n)")
     p.add_argument("--no-dense", action="store_true", help="skip the dense bf16 contender")
-    p.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp")
     p.add_argument("--rss", action="store_true", help="peak RSS per contender instead")
     p.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
@@ -163,11 +146,7 @@ def main() -> int:
     if args.rss_child:
         print(json.dumps(rss_child(args.rss_child, args.model, threads[0])))
         return 0
-    import importlib.util
-
     kinds = ["quant"] + ([] if args.no_dense else ["dense"])
-    if not args.no_llamacpp and importlib.util.find_spec("llama_cpp") is not None:
-        kinds.append("llamacpp")
     if args.rss:
         from verispec.models.loading import gguf_source
 
