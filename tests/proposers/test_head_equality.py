@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_target
 from distribution_support import exact_marginals, first_two_counts, worst_pvalue
 from heads_support import random_head, trained
-from test_greedy_equality import PROMPTS, plain
+from test_greedy_equality import PROMPTS, plain, runs_equal_to_plain
 
 from verispec import Engine, SamplingParams, SpecConfig
 from verispec.step.lossless import compare_greedy
@@ -44,16 +44,9 @@ def heads(tmp_path_factory, tiny):
                                   "eagle-fused-trained", "medusa-trained"])
 def test_greedy_equality_with_heads(engine, target, heads, name, k):
     kind, folder = heads[name]
-    spec = SpecConfig(kind, k=k, head=str(folder))
-    accepted = drafted = 0
-    for prompt in PROMPTS:
-        want = plain(engine, prompt)
-        got = engine.generate(prompt, SamplingParams(max_new_tokens=32), spec)
-        comparison = compare_greedy(target, prompt, want.token_ids, got.token_ids)
-        assert comparison.identical, comparison.describe()
-        assert got.stats.generated == 32
-        accepted += got.stats.accepted
-        drafted += got.stats.drafted
+    runs = runs_equal_to_plain(engine, target, SpecConfig(kind, k=k, head=str(folder)))
+    accepted = sum(got.stats.accepted for got in runs)
+    drafted = sum(got.stats.drafted for got in runs)
     assert drafted > 0
     if name.endswith("random"):
         assert accepted / drafted < 0.15

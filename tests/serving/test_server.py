@@ -330,8 +330,7 @@ def test_no_odd_field_reaches_a_500(server):
 
 
 def test_queue_full_is_429(engine):
-    config = ServerConfig(("tiny",), ServeDefaults(), SchedulerConfig(max_num_seqs=1, max_queue=0))
-    with ServerThread(create_app(engine, config)) as srv:
+    with tiny_server(engine, max_num_seqs=1, max_queue=0) as srv:
         conn = http.client.HTTPConnection(srv.host, srv.port, timeout=30)
         body = {"model": "tiny", "prompt": "ab", "max_tokens": 400, "stream": True,
                 "ignore_eos": True}
