@@ -27,12 +27,12 @@ import json
 import sys
 from pathlib import Path
 
-from verispec.bench.workloads import load_workload
+from replay_rule import plain_answers  # this folder, first on the path of a script run
+
 from verispec.models.loading import default_gguf_path, gguf_tokenizer
 from verispec.policy.adaptive import AdaptiveK
 from verispec.policy.economics import load_profile
 from verispec.policy.plan import Outcome, PlanContext
-from verispec.prompt_ids import chat_ids, prediction_ids
 from verispec.proposers.base import DraftContext
 from verispec.proposers.ngram import NgramProposer
 from verispec.proposers.prediction import PredictionProposer
@@ -110,19 +110,13 @@ def oracle(text_of, output, cost, widest):
 def main(results_path, profile_path):
     cost, widest, t1 = cost_curve(profile_path)
     tokenizer = gguf_tokenizer(default_gguf_path())
-    prompts = {p.id: p for p in load_workload("predicted-edit")}
     columns = ["ngram"] + [f"pred k<={c}" if c else "pred room=run" for c in CAPS] + \
         ["oracle: all text", "oracle: prediction"]
     print("| prompt | tokens | copied | repeats | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 4) + "|")
     totals = [0.0] * (2 * len(columns) + 3)
-    for record in json.loads(Path(results_path).read_text())["records"]:
-        if record["config"] != "none":
-            continue
-        prompt = prompts[record["prompt_id"]]
-        ids = chat_ids(tokenizer, list(prompt.messages))
-        predicted = prediction_ids(tokenizer, prompt.prediction)
-        output = record["token_ids"]
+    records = json.loads(Path(results_path).read_text())["records"]
+    for prompt, ids, predicted, output in plain_answers(tokenizer, records):
         copied, repeats = copied_and_repeats(output, predicted)
         cells = []
         ngram = NgramProposer(1, 4, frozenset())

@@ -45,20 +45,23 @@ def passes(prompt, output, proposer, k):
     return count
 
 
+def plain_answers(tokenizer, records):
+    """(prompt, prompt ids, prediction ids, plain greedy output) of each plain record."""
+    prompts = {p.id: p for p in load_workload("predicted-edit")}
+    for record in records:
+        if record["config"] == "none":
+            prompt = prompts[record["prompt_id"]]
+            yield (prompt, chat_ids(tokenizer, list(prompt.messages)),
+                   prediction_ids(tokenizer, prompt.prediction), record["token_ids"])
+
+
 def main(path, k, bench_rule):
     tokenizer = gguf_tokenizer(default_gguf_path())
-    prompts = {p.id: p for p in load_workload("predicted-edit")}
     records = json.loads(Path(path).read_text())["records"]
     bench = {(r["prompt_id"], r["config"]): r["target_forwards"] for r in records}
     print("| prompt | tokens | ngram | aligned first | longer match wins |")
     print("|---|---|---|---|---|")
-    for record in records:
-        if record["config"] != "none":
-            continue
-        prompt = prompts[record["prompt_id"]]
-        ids = chat_ids(tokenizer, list(prompt.messages))
-        predicted = prediction_ids(tokenizer, prompt.prediction)
-        output = record["token_ids"]
+    for prompt, ids, predicted, output in plain_answers(tokenizer, records):
 
         def ngram():
             return NgramProposer(1, 4, frozenset())
