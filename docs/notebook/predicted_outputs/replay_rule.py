@@ -3,13 +3,16 @@ target passes at a fixed k for n-gram lookup alone, the prediction first wheneve
 aligned (the first rule), and the prediction only while its run is at least the n-gram
 match (the committed rule: proposers/prediction.py). A draft keeps its prefix that
 matches the stored output, as greedy verification does, so the pass counts equal the
-engine's (checked against the bench's own counts for the first two).
+engine's: in brackets, the bench's own counts for n-gram lookup and for the bench's
+`ngram+prediction`, which ran the aligned-first rule in the first round and runs the
+committed rule since (its bracket follows the column it ran: `--bench-rule`).
 
     PYTHONPATH=$PWD python3 docs/notebook/predicted_outputs/replay_rule.py \
-        docs/results/predicted_edit/results.json 8
+        docs/results/predicted_edit/results.json 8 [--bench-rule=aligned]
 """
 import json
 import sys
+from pathlib import Path
 
 from verispec.bench.workloads import load_workload
 from verispec.models.loading import default_gguf_path, gguf_tokenizer
@@ -42,20 +45,23 @@ def passes(prompt, output, proposer, k):
     return count
 
 
-def main(path, k):
-    tokenizer = gguf_tokenizer(default_gguf_path())
+def plain_answers(tokenizer, records):
+    """(prompt, prompt ids, prediction ids, plain greedy output) of each plain record."""
     prompts = {p.id: p for p in load_workload("predicted-edit")}
-    records = json.load(open(path))["records"]
-    bench = {(r["prompt_id"], r["config"]): r["target_forwards"] for r in records}
-    print("| prompt | tokens | ngram (bench) | aligned first (bench) | longer match wins |")
-    print("|---|---|---|---|---|")
     for record in records:
-        if record["config"] != "none":
-            continue
-        prompt = prompts[record["prompt_id"]]
-        ids = chat_ids(tokenizer, list(prompt.messages))
-        predicted = prediction_ids(tokenizer, prompt.prediction)
-        output = record["token_ids"]
+        if record["config"] == "none":
+            prompt = prompts[record["prompt_id"]]
+            yield (prompt, chat_ids(tokenizer, list(prompt.messages)),
+                   prediction_ids(tokenizer, prompt.prediction), record["token_ids"])
+
+
+def main(path, k, bench_rule):
+    tokenizer = gguf_tokenizer(default_gguf_path())
+    records = json.loads(Path(path).read_text())["records"]
+    bench = {(r["prompt_id"], r["config"]): r["target_forwards"] for r in records}
+    print("| prompt | tokens | ngram | aligned first | longer match wins |")
+    print("|---|---|---|---|---|")
+    for prompt, ids, predicted, output in plain_answers(tokenizer, records):
 
         def ngram():
             return NgramProposer(1, 4, frozenset())
@@ -63,12 +69,15 @@ def main(path, k):
         counts = [passes(ids, output, ngram(), k),
                   passes(ids, output, AlignedFirst(predicted, frozenset(), ngram()), k),
                   passes(ids, output, PredictionProposer(predicted, frozenset(), ngram()), k)]
-        cells = [f"{len(output) / c:.2f} ({bench.get((prompt.id, name), '-')})"
-                 for c, name in zip(counts[:2], ("ngram", "ngram+prediction"))]
-        print(f"| {prompt.id} | {len(output)} | {' | '.join(cells)} | "
-              f"{len(output) / counts[2]:.2f} |")
+        ran = {0: "ngram", bench_rule: "ngram+prediction"}
+        cells = [f"{len(output) / c:.2f}" + (f" ({bench.get((prompt.id, ran[i]), '-')})"
+                                             if i in ran else "")
+                 for i, c in enumerate(counts)]
+        print(f"| {prompt.id} | {len(output)} | {' | '.join(cells)} |")
     print(f"\ntokens per pass at k={k}; in brackets the bench's own target passes")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 8)
+    rule = 1 if "--bench-rule=aligned" in sys.argv else 2
+    args = [a for a in sys.argv[1:] if not a.startswith("--bench-rule")]
+    main(args[0], int(args[1]) if len(args) > 1 else 8, rule)
