@@ -122,7 +122,8 @@ def _peer_runner(engine, plan: BenchPlan, notes: list[str]):
 
 def _report_md(env: dict, plan: BenchPlan, table: str, files: list[Path]) -> str:
     lines = ["# verispec bench", "",
-             f"- model: {env['model']} ({env['dtype']}, {env['device']})",
+             f"- model: {env['model']} ({env['dtype']}, {env['device']}"
+             + (f", weights {env['weights']}" if env.get("weights") else "") + ")",
              f"- machine: {env['cpu']}, {env['cores']} cores, {env['torch_threads']} torch threads"
              + (f", GPU {env['gpu']}" if env["gpu"] else ""),
              f"- torch {env['torch']}, transformers {env['transformers']}, verispec {env['verispec']}",
