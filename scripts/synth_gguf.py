@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if fmt in K_QUANTS and not can_k:
         parser.error(f"--format {fmt} needs llama.cpp's quantizer: build llama-quantize with "
                      "scripts/build_llama_cpp.sh (or give --quantizer PATH), or pip install "
-                     "'.[llamacpp]'; else use --format Q4_0 or Q8_0")
+                     "llama-cpp-python; else use --format Q4_0 or Q8_0")
     if args.layers is not None and args.layers < 1:
         parser.error("--layers takes a positive number")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -86,7 +86,6 @@ SLOW_FIXTURES = {
     "ray_cluster": "a Ray cluster",
     "ray_cli": "a Ray cluster",
     "browser": "a headless browser",
-    "llama_cpp": "the llama.cpp peer (llama-cpp-python)",
     "llama_server": "the llama.cpp peer (llama-server)",
     "langchain_openai": "LangChain",
     "full_size_runs": "a distribution test at full size",
@@ -171,12 +170,6 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def langchain_openai():
     return pytest.importorskip("langchain_openai")
-
-
-@pytest.fixture(scope="session")
-def llama_cpp():
-    return pytest.importorskip(
-        "llama_cpp", reason="llama-cpp-python is not installed (optional extra verispec[llamacpp])")
 
 
 @pytest.fixture(scope="session")

@@ -86,7 +86,9 @@ def test_bench_runs_reports_and_writes_files(engine, tmp_path):
     assert not (tmp_path / "k_trajectory.png").exists()
     data = json.loads((tmp_path / "results.json").read_text())
     assert {"cpu", "cores", "torch_threads", "torch", "transformers", "dtype", "device",
-            "model", "command"} <= set(data["environment"])
+            "model", "weights", "command"} <= set(data["environment"])
+    # A transformers model has no kernels' weights path; a GGUF target reports its own.
+    assert data["environment"]["weights"] is None and ", weights " not in out.markdown
     record = data["records"][1]
     assert {"workload", "prompt_id", "config", "k", "tokens", "seconds", "tokens_per_s",
             "drafted", "accepted", "target_forwards", "time_split", "vs_plain"} <= set(record)

@@ -211,6 +211,7 @@ def test_llamaserver_peers_on_the_default_gguf(llama_server, default_engine, tmp
     assert rows["llamaserver-plain"].vs_plain.checked == 0
     assert rows["llamaserver-ngram-simple"].vs_plain.checked == 1
     assert "vs llamaserver-plain" in out.markdown and "note: llama-server: " in out.markdown
+    assert f", weights {default_engine.target.weights_kind})" in (tmp_path / "report.md").read_text()
     record = next(r for r in out.records if r.config == "llamaserver-plain")
     assert record.decode_tokens_per_s and record.cpu_seconds
 

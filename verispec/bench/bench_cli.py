@@ -38,7 +38,6 @@ examples:
   verispec bench --workload all --proposer none,ngram,self:8 --k 4 --max-new-tokens 128
   verispec bench --workload my_prompts.jsonl --proposer none,ngram,ngram+auto
   verispec bench --workload code-edit --proposer ngram --sweep-k 1..10 --out results/sweep
-  verispec bench --workload code-edit --proposer none,ngram --peers hf-plain,llamacpp-plain,llamacpp-pld
   verispec bench --workload chat --proposer none,ngram --peers llamaserver-plain,llamaserver-ngram-mod
   verispec bench --workload predicted-edit --proposer none,ngram+auto,ngram+auto+prediction --max-new-tokens 512
 
@@ -47,10 +46,8 @@ proposer tokens: none (plain decoding, the equality reference), ngram, self:L
 proposer name. Every configuration runs on the same token ids, interleaved per
 prompt; greedy outputs are checked against `none` and against hf-plain.
 
-peers: hf-plain, hf-static, hf-pld, hf-assisted (transformers on the same weights),
-llamacpp-plain, llamacpp-pld (llama.cpp on the GGUF file, when the optional
-llama-cpp-python is installed: pip install 'verispec[llamacpp]'; skipped with a
-note otherwise) and llamaserver-plain, llamaserver-ngram-mod, -ngram-simple,
+peers: hf-plain, hf-static, hf-pld, hf-assisted (transformers on the same weights)
+and llamaserver-plain, llamaserver-ngram-mod, -ngram-simple,
 -ngram-map-k, -ngram-map-k4v, -ngram-cache, -draft (llama.cpp's own llama-server
 in its own process over HTTP, at verispec's thread count; build it once with
 scripts/build_llama_cpp.sh and set VERISPEC_LLAMA_CPP_DIR to its --dir, or set
@@ -125,7 +122,8 @@ def _peer_runner(engine, plan: BenchPlan, notes: list[str]):
 
 def _report_md(env: dict, plan: BenchPlan, table: str, files: list[Path]) -> str:
     lines = ["# verispec bench", "",
-             f"- model: {env['model']} ({env['dtype']}, {env['device']})",
+             f"- model: {env['model']} ({env['dtype']}, {env['device']}"
+             + (f", weights {env['weights']}" if env.get("weights") else "") + ")",
              f"- machine: {env['cpu']}, {env['cores']} cores, {env['torch_threads']} torch threads"
              + (f", GPU {env['gpu']}" if env["gpu"] else ""),
              f"- torch {env['torch']}, transformers {env['transformers']}, verispec {env['verispec']}",
@@ -285,9 +283,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
                        help="also run each speculative proposer at every k: 1..10 or 1,2,4,8 "
                             "(replaces --k for them)")
     bench.add_argument("--peers", default="hf-plain",
-                       help="comma list of hf-plain, hf-static, hf-pld, hf-assisted, llamacpp-plain, "
-                            "llamacpp-pld (llama.cpp on the GGUF, needs the optional "
-                            "llama-cpp-python), llamaserver-plain, llamaserver-ngram-mod, "
+                       help="comma list of hf-plain, hf-static, hf-pld, hf-assisted, "
+                            "llamaserver-plain, llamaserver-ngram-mod, "
                             "llamaserver-ngram-simple, llamaserver-ngram-map-k, "
                             "llamaserver-ngram-map-k4v, llamaserver-ngram-cache, "
                             "llamaserver-draft (llama-server over HTTP), or none "

@@ -37,7 +37,6 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench.llamacpp import NEAR_TIE, context_bucket
 from verispec.bench.runner import PeerOutput
 from verispec.config import SamplingParams
 from verispec.step.lossless import Comparison, first_divergence
@@ -57,6 +56,33 @@ SERVER_PEERS: dict[str, str] = {
     DRAFT: "llama-server --spec-type draft-simple with --draft PATH.gguf",
 }
 _START_TIMEOUT_S = 600.0  # an 8B file's first load from a cold disk
+# The bf16 margin of verispec.step.lossless, so that "tie" means the same in every
+# row of the table. llama.cpp's batched path (prefill, verification) and its
+# one-token path differ by more than this: up to 0.4 on the chosen token's logit
+# on the default model, so some divergences it calls "diff" are numerics.
+NEAR_TIE = 0.1
+_MIN_CONTEXT = 1024
+
+
+def context_bucket(n: int) -> int:
+    # Power-of-two context sizes: a longer prompt later restarts the server at most a
+    # few times, and never inside a timed call.
+    size = _MIN_CONTEXT
+    while size < n:
+        size *= 2
+    return size
+
+
+def gguf_path(model: str | None) -> Path:
+    """The GGUF file llama.cpp reads for the model verispec was asked to load."""
+    from verispec.models.loading import DEFAULT_MODEL, default_gguf_path
+
+    if model in (None, DEFAULT_MODEL):
+        return default_gguf_path()
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        raise ValueError(f"they need a .gguf model and {model} is not one")
+    return path
 
 
 def ready_file() -> Path:

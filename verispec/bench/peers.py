@@ -8,11 +8,11 @@ transformers, on the same model object and dtype:
                   which transformers compiles for decoding where torch.compile works
   hf-pld          prompt lookup decoding, prompt_lookup_num_tokens=k (Saxena 2023)
   hf-assisted     assisted generation with a draft model (Leviathan et al. 2023)
-llama.cpp, on the GGUF file (optional llama-cpp-python, see bench/llamacpp.py):
-  llamacpp-plain  greedy decoding
-  llamacpp-pld    its prompt lookup decoding, k tokens
 llama.cpp's own llama-server, over HTTP in its own process (bench/llamaserver.py):
-  llamaserver-plain, llamaserver-ngram-mod and its other speculative types
+  llamaserver-plain, llamaserver-ngram-mod and its other speculative types.
+  llama.cpp is timed only there: beside torch in one process, torch's spinning
+  workers take about 10% from llama.cpp's pool, and OMP_WAIT_POLICY=PASSIVE, set for
+  either, slows the other (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.bench import llamacpp, llamaserver
+from verispec.bench import llamaserver
 from verispec.bench.configs import PEER, BenchConfig
 from verispec.bench.runner import PeerOutput
 from verispec.config import SamplingParams
@@ -34,14 +34,11 @@ PEERS: dict[str, str] = {
     "hf-static": "transformers generate with a static KV cache (compiled decoding)",
     "hf-pld": "transformers prompt lookup decoding (prompt_lookup_num_tokens=k)",
     "hf-assisted": "transformers assisted generation with --draft as assistant_model",
-    "llamacpp-plain": "llama.cpp greedy decoding on the GGUF (optional llama-cpp-python)",
-    "llamacpp-pld": "llama.cpp prompt lookup decoding on the GGUF, k tokens",
     **llamaserver.SERVER_PEERS,
 }
 HF_PEERS = ("hf-plain", "hf-static", "hf-pld", "hf-assisted")
-_PLAIN_PEERS = ("hf-plain", "hf-static", "llamacpp-plain")
-_STACKS = ((llamacpp.LLAMACPP_PEERS, llamacpp.PLAIN, llamacpp.missing_reason),
-           (tuple(llamaserver.SERVER_PEERS), llamaserver.PLAIN, llamaserver.missing_reason))
+_PLAIN_PEERS = ("hf-plain", "hf-static")
+_STACKS = ((tuple(llamaserver.SERVER_PEERS), llamaserver.PLAIN, llamaserver.missing_reason),)
 
 
 @dataclass
@@ -98,8 +95,8 @@ def hf_model_of(target):
 
 class PeerRunner:
     """Runs every peer config on the runner of its stack. A stack that cannot
-    run here (no transformers model behind the target, no GGUF, no llama_cpp, no
-    llama-server) leaves a note in `notes` and its configs out of `runs`."""
+    run here (no transformers model behind the target, no GGUF, no llama-server)
+    leaves a note in `notes` and its configs out of `runs`."""
 
     def __init__(self, engine, draft: str | None = None, configs=(),
                  model: str | None = DEFAULT_MODEL) -> None:
@@ -109,14 +106,10 @@ class PeerRunner:
         hf = [p for p in peers if p in HF_PEERS]
         if hf:
             self._add(hf, lambda: HFPeers(engine, draft))
-        on_gguf = [p for p in peers if p in llamacpp.LLAMACPP_PEERS]
-        if on_gguf:
-            self._add(on_gguf, lambda: llamacpp.LlamaCppPeers(llamacpp.gguf_path(model),
-                                                              engine.target))
         on_server = [p for p in peers if p in llamaserver.SERVER_PEERS]
         if on_server:
             server = self._add(on_server, lambda: llamaserver.LlamaServerPeers(
-                llamacpp.gguf_path(model), engine.target, draft=draft))
+                llamaserver.gguf_path(model), engine.target, draft=draft))
             if server is not None:
                 self.notes.append(f"llama-server: {server.binary} ({server.version()}), "
                                   f"{server.threads} thread(s)")

@@ -347,15 +347,6 @@ def check_equality(target, prompts: Sequence[BenchPrompt], records: list[RunReco
         record.vs_plain, record.vs_plain_at = _status(cmp), cmp.diverged_at
 
 
-def _installed_version(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
-
-
 def environment(engine) -> dict:
     """Where a number was measured: enough to tell two machines' results apart."""
     import os
@@ -382,10 +373,10 @@ def environment(engine) -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "torch": torch.__version__, "transformers": transformers.__version__,
-        "llama_cpp_python": _installed_version("llama-cpp-python"),
         "verispec": __version__, "python": platform.python_version(),
         "platform": platform.platform(), "dtype": str(target.dtype).replace("torch.", ""),
         "device": str(device), "model": target.name,
+        "weights": getattr(target, "weights_kind", None),
         "model_path": getattr(config, "_name_or_path", None),
         "command": shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),

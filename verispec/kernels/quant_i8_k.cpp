@@ -26,6 +26,19 @@ namespace {
 constexpr int kMaxRows = 8;
 constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
 
+// The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
+// the first chunk's sweeps: issued all at once before a super-block, they stalled the
+// unpacking behind the load queue and the stream stopped while the VPDPBUSDs ran
+// (docs/notebook/quant_i8_kquant.md, round 3). `next` is null for later chunks.
+struct Ahead {
+  const char* next = nullptr;
+  int64_t lines = 0;  // per sub-block
+  VS_I8_INLINE void issue(int64_t step) const {
+    if (next == nullptr) return;
+    for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + 64 * (step * lines + l), _MM_HINT_T0);
+  }
+};
+
 VS_I8_INLINE __mmask64 mask64(const uint8_t* p) {
   uint64_t m;
   std::memcpy(&m, p, 8);
@@ -59,41 +72,65 @@ VS_I8_INLINE void scale_into(const uint8_t* t0, int64_t tb, const __m512i (&tota
   }
 }
 
+// A super-block's integer sums, R x T vectors, kept in L1 rather than in registers:
+// the R x T sub-block sums already fill the 32 vector registers from 8 rows, and the
+// compiler, given both sets as values, spilled them inside the VPDPBUSD loop
+// (docs/notebook/quant_i8_kquant.md, round 3). Here they cost one load and one store
+// per sub-block.
+template <int R, int T>
+struct Totals {
+  alignas(64) int32_t sums[R][T][16];
+  VS_I8_INLINE void add(bool first, int r, int j, __m512i v) {
+    auto* p = reinterpret_cast<__m512i*>(sums[r][j]);
+    _mm512_store_si512(p, first ? v : _mm512_add_epi32(_mm512_load_si512(p), v));
+  }
+  VS_I8_INLINE void get(__m512i (&out)[R][T]) const {
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < T; ++j) out[r][j] = _mm512_load_si512(reinterpret_cast<const __m512i*>(sums[r][j]));
+    }
+  }
+};
+
 // Q4_K / Q5_K tile: d @0, dmin @32, sc [8][16] @64, m pairs [4][16][2] @192,
 // nibbles (32 vectors) @320, Q5_K's fifth bits (64 masks) @2368.
 template <bool kFive, int R, int T>
-void q45k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
+void q45k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead, int64_t sweep) {
   constexpr int64_t tb = kFive ? 2880 : 2368;
   const __m512i low4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
-  __m512i total[R][T];
+  Totals<R, T> totals;
   for (int s = 0; s < 8; ++s) {
+    ahead.issue(8 * sweep + s);
     __m512i part[R][T];
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < T; ++j) part[r][j] = _mm512_setzero_si512();
     }
     for (int v = 0; v < 4; ++v) {
+      __m512i lo[T], hi[T];
       for (int j = 0; j < T; ++j) {
         const uint8_t* t = t0 + j * tb;
         const __m512i w = load(t + 320 + 64 * (4 * s + v));
-        __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+        lo[j] = _mm512_and_si512(w, low4);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
         if constexpr (kFive) {
-          lo = _mm512_mask_add_epi8(lo, mask64(t + 2368 + 8 * (8 * s + v)), lo, sixteen);
-          hi = _mm512_mask_add_epi8(hi, mask64(t + 2368 + 8 * (8 * s + 4 + v)), hi, sixteen);
+          lo[j] = _mm512_mask_add_epi8(lo[j], mask64(t + 2368 + 8 * (8 * s + v)), lo[j], sixteen);
+          hi[j] = _mm512_mask_add_epi8(hi[j], mask64(t + 2368 + 8 * (8 * s + 4 + v)), hi[j], sixteen);
         }
-        for (int r = 0; r < R; ++r) {
-          part[r][j] = _mm512_dpbusd_epi32(part[r][j], lo, bcast4(x.q[r] + 32 * s + 4 * v));
-          part[r][j] = _mm512_dpbusd_epi32(part[r][j], hi, bcast4(x.q[r] + 32 * s + 16 + 4 * v));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i x_lo = bcast4(x.q[r] + 32 * s + 4 * v), x_hi = bcast4(x.q[r] + 32 * s + 16 + 4 * v);
+        for (int j = 0; j < T; ++j) {
+          part[r][j] = _mm512_dpbusd_epi32(part[r][j], lo[j], x_lo);
+          part[r][j] = _mm512_dpbusd_epi32(part[r][j], hi[j], x_hi);
         }
       }
     }
     for (int j = 0; j < T; ++j) {
       const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t0 + j * tb + 64 + 16 * s)));
-      for (int r = 0; r < R; ++r) {
-        const __m512i scaled = _mm512_mullo_epi32(part[r][j], sc);
-        total[r][j] = s == 0 ? scaled : _mm512_add_epi32(total[r][j], scaled);
-      }
+      for (int r = 0; r < R; ++r) totals.add(s == 0, r, j, _mm512_mullo_epi32(part[r][j], sc));
     }
   }
+  __m512i total[R][T];
+  totals.get(total);
   scale_into<R, T>(t0, tb, total, x, acc);
   for (int j = 0; j < T; ++j) {
     const uint8_t* t = t0 + j * tb;
@@ -113,20 +150,22 @@ void q45k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
 // Q6_K tile: d @0, sc pairs [8][16][2] (int8) @32, low nibbles (32 vectors) @288,
 // high 2 bits (16 vectors, one per sub-block) @2336.
 template <int R, int T>
-void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
+void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead, int64_t sweep) {
   constexpr int64_t tb = 3360;
   const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
   const auto pairs = [](const uint8_t* t, int g) {  // (sc_2g, sc_2g+1) per output, int16
     return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32 + 32 * g)));
   };
-  __m512i total[R][T];
+  Totals<R, T> totals;
   for (int s = 0; s < 16; ++s) {
+    ahead.issue(16 * sweep + s);
     const int g = s / 2, h = s % 2;
     __m512i part[R][T];
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < T; ++j) part[r][j] = _mm512_setzero_si512();
     }
     for (int i = 0; i < 4; ++i) {
+      __m512i q[T];
       for (int j = 0; j < T; ++j) {
         const uint8_t* t = t0 + j * tb;
         const __m512i w = load(t + 288 + 64 * (4 * g + i));
@@ -136,19 +175,21 @@ void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
         const __m512i hv = load(t + 2336 + 64 * s);
         const __m512i high = i == 0 ? _mm512_slli_epi16(hv, 4) : i == 1 ? _mm512_slli_epi16(hv, 2)
                                     : i == 2 ? hv : _mm512_srli_epi16(hv, 2);
-        const __m512i q = _mm512_ternarylogic_epi32(low, high, top2, 0xF8);  // low | (high & 0x30)
-        for (int r = 0; r < R; ++r) part[r][j] = _mm512_dpbusd_epi32(part[r][j], q, bcast4(x.q[r] + 16 * s + 4 * i));
+        q[j] = _mm512_ternarylogic_epi32(low, high, top2, 0xF8);  // low | (high & 0x30)
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i xq = bcast4(x.q[r] + 16 * s + 4 * i);
+        for (int j = 0; j < T; ++j) part[r][j] = _mm512_dpbusd_epi32(part[r][j], q[j], xq);
       }
     }
     for (int j = 0; j < T; ++j) {
       const __m512i both = pairs(t0 + j * tb, g);
       const __m512i sc = h ? _mm512_srai_epi32(both, 16) : _mm512_srai_epi32(_mm512_slli_epi32(both, 16), 16);
-      for (int r = 0; r < R; ++r) {
-        const __m512i scaled = _mm512_mullo_epi32(part[r][j], sc);
-        total[r][j] = s == 0 ? scaled : _mm512_add_epi32(total[r][j], scaled);
-      }
+      for (int r = 0; r < R; ++r) totals.add(s == 0, r, j, _mm512_mullo_epi32(part[r][j], sc));
     }
   }
+  __m512i total[R][T];
+  totals.get(total);
   for (int j = 0; j < T; ++j) {
     __m512i sc[8];
     for (int g = 0; g < 8; ++g) sc[g] = pairs(t0 + j * tb, g);
@@ -162,15 +203,17 @@ void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc) {
 }
 
 // Tiles swept at once for R rows. The R x T sub-block accumulators and T unpacked
-// vectors stay in registers; from 5 rows the super-block sums spill to L1, once per
-// sub-block, which costs less than one tile a time, where each broadcast of x feeds a
-// single VPDPBUSD (docs/notebook/quant_i8_kquant.md).
+// vectors stay in registers (the super-block sums live in L1, Totals); two tiles
+// from 3 rows cost less than one a time, where each broadcast of x feeds a single
+// VPDPBUSD (docs/notebook/quant_i8_kquant.md).
 constexpr int tiles_for(int rows) { return rows <= 2 ? 4 : 2; }
 
 template <int Type, int R>
-void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc) {
+void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {
   constexpr int T = tiles_for(R);
   constexpr int64_t tb = Type == 12 ? 2368 : Type == 13 ? 2880 : 3360;
+  constexpr int64_t steps = (kGroupTiles / T) * (Type == 14 ? 16 : 8);
+  const Ahead ahead{next, (kGroupTiles * tb / 64 + steps - 1) / steps};
   XBlock<R> xb;
   const int64_t in = x.in, blocks = in / 256;
   for (int r = 0; r < R; ++r) {
@@ -182,17 +225,17 @@ void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* ac
   for (int j0 = 0; j0 < kGroupTiles; j0 += T) {
     float* a = acc + r0 * kGroupOut + j0 * kTileOut;
     if constexpr (Type == 14) {
-      q6k<R, T>(block + j0 * tb, xb, a);
+      q6k<R, T>(block + j0 * tb, xb, a, ahead, j0 / T);
     } else {
-      q45k<Type == 13, R, T>(block + j0 * tb, xb, a);
+      q45k<Type == 13, R, T>(block + j0 * tb, xb, a, ahead, j0 / T);
     }
   }
 }
 
 template <int Type, int... Rs>
 void chunk_rows(const uint8_t* block, const Rows& x, int64_t r0, int64_t rows, int64_t b, float* acc,
-                std::integer_sequence<int, Rs...>) {
-  ((rows == Rs + 1 ? chunk<Type, Rs + 1>(block, x, r0, b, acc) : void()), ...);
+                const char* next, std::integer_sequence<int, Rs...>) {
+  ((rows == Rs + 1 ? chunk<Type, Rs + 1>(block, x, r0, b, acc, next) : void()), ...);
 }
 
 template <int Type>
@@ -202,10 +245,10 @@ void group(const uint8_t* gd, int64_t blocks, const Rows& x, float* acc) {
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = gd + b * block_bytes;
     const char* next = reinterpret_cast<const char*>(block + kAheadBytes);
-    for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t r0 = c * x.n / chunks, rows = (c + 1) * x.n / chunks - r0;
-      chunk_rows<Type>(block, x, r0, rows, b, acc, std::make_integer_sequence<int, kMaxRows>());
+      chunk_rows<Type>(block, x, r0, rows, b, acc, c == 0 ? next : nullptr,
+                       std::make_integer_sequence<int, kMaxRows>());
     }
   }
 }
