@@ -1,0 +1,33 @@
+"""glibc's malloc set for a long-running server: `verispec serve` calls `fix_thresholds`
+at start-up.
+
+Left alone, glibc adapts two thresholds as the process frees memory: freeing a block
+that was mmapped raises the mmap threshold to that block's size (up to 32 MiB on 64-bit),
+and the trim threshold to twice that. A server's steps and KV caches allocate and free
+blocks of every size up to tens of MiB, so both thresholds climb: the large blocks then
+come from the heaps, and a heap's free top goes back to the system only once tens of
+MiB lie free there at once, then grows again. The RSS saw-tooths by that much, with no
+memory leaked (docs/notebook/soak_rss.md). Fixed values keep the large blocks in the heaps
+as the adapted ones do (an mmap per step's logits would fault its pages in every step),
+and give a heap's free top back to the system once a few MiB lie there.
+"""
+from __future__ import annotations
+
+import ctypes
+
+M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # the ceiling glibc's adapted value reaches on 64-bit
+TRIM_THRESHOLD = 4 << 20
+
+
+def fix_thresholds() -> bool:
+    """Set both thresholds (which also stops glibc adapting them); False where the C
+    library has no mallopt or refuses it (not glibc), and nothing changed."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
+        bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
