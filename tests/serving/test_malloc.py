@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import verispec.serving.malloc as malloc
+from verispec.serving import malloc
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 

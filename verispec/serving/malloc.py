@@ -30,5 +30,6 @@ def fix_thresholds() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return all([mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD), mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-                mallopt(M_TOP_PAD, TOP_PAD)])
+    settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                (M_TOP_PAD, TOP_PAD))
+    return all([mallopt(parameter, value) for parameter, value in settings])

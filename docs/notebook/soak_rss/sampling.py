@@ -15,7 +15,8 @@ def spread(values: list[float]) -> float:
 
 
 def main(path: str, first: int, last: int) -> None:
-    lines = [json.loads(x) for x in open(path, encoding="utf-8")]
+    with open(path, encoding="utf-8") as fh:
+        lines = [json.loads(x) for x in fh]
     minutes = range(first - 1, last)
 
     def means(rows):

@@ -16,7 +16,8 @@ COLUMNS = (("VmRSS", 1024), ("RssAnon", 1024), ("heaps", 1), ("in_use", 1),
 
 
 def main(path: str) -> None:
-    lines = [json.loads(x) for x in open(path, encoding="utf-8")]
+    with open(path, encoding="utf-8") as fh:
+        lines = [json.loads(x) for x in fh]
     by_minute = defaultdict(list)
     for line in lines:
         by_minute[int(line["t"] // 60)].append(line)
