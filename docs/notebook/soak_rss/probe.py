@@ -4,10 +4,11 @@
 
 Every 2 s one JSON line: the process's RSS (anon and file), glibc's mallinfo2 (bytes in
 use, free inside the heaps, mmapped), the number of malloc arenas (malloc_info's heaps),
-threads, the live KV caches' bytes (every cache the scheduler holds), and Python's
-allocated blocks. With PROBE_TRACEMALLOC=1, tracemalloc runs and every 60 s a line
-lists the 12 source lines whose Python allocations grew most since the first snapshot.
-With PROBE_TRIM=1 the probe calls malloc_trim(0) before each sample and times it.
+threads, the live KV caches' bytes (every cache the scheduler holds), the global suffix
+store's bytes, and Python's allocated blocks. With PROBE_TRACEMALLOC=1, tracemalloc runs
+and every 60 s a line lists the 12 source lines whose Python allocations grew most since
+the first snapshot. With PROBE_TRIM=1 the probe calls malloc_trim(0) before each sample
+and times it.
 """
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ def live_kv_bytes() -> int:
     return total
 
 
+def suffix_store_bytes() -> int:
+    """The Engine's global suffix store (StoreStats.memory_bytes)."""
+    return sum(s.build.__self__.suffix_store.stats().memory_bytes for s in SCHEDULERS)
+
+
 def probe(path: str, every: float = 2.0) -> None:
     began, first, last_trace = time.monotonic(), None, 0.0
     with open(path, "w", encoding="utf-8") as fh:
@@ -81,7 +87,7 @@ def probe(path: str, every: float = 2.0) -> None:
             line = {"t": round(time.monotonic() - began, 1), **status(),
                     "in_use": info.uordblks, "free_in_heaps": info.fordblks,
                     "heaps": info.arena, "mmapped": info.hblkhd, "mmaps": info.hblks,
-                    "arenas": arenas(), "kv": live_kv_bytes(),
+                    "arenas": arenas(), "kv": live_kv_bytes(), "store": suffix_store_bytes(),
                     "py_blocks": sys.getallocatedblocks(), "trim_ms": trim_ms}
             if tracemalloc.is_tracing() and line["t"] - last_trace >= 60:
                 snap = tracemalloc.take_snapshot()

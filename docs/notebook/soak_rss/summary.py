@@ -12,7 +12,7 @@ import numpy as np
 
 MIB = 1 << 20
 COLUMNS = (("VmRSS", 1024), ("RssAnon", 1024), ("heaps", 1), ("in_use", 1),
-           ("free_in_heaps", 1), ("mmapped", 1), ("kv", 1))
+           ("free_in_heaps", 1), ("mmapped", 1), ("kv", 1), ("store", 1))
 
 
 def main(path: str) -> None:
@@ -22,11 +22,11 @@ def main(path: str) -> None:
     for line in lines:
         by_minute[int(line["t"] // 60)].append(line)
     print("minute | RSS mean (min-max) | anon | heaps | in use | free in heaps | mmapped | "
-          "live KV | arenas | threads | py blocks (k)")
+          "live KV | suffix store | arenas | threads | py blocks (k)")
     for minute, rows in sorted(by_minute.items()):
         cells = []
         for key, scale in COLUMNS:
-            values = np.array([r[key] for r in rows], dtype=float) * scale / MIB
+            values = np.array([r.get(key, 0) for r in rows], dtype=float) * scale / MIB
             cells.append(f"{values.mean():.0f} ({values.min():.0f}-{values.max():.0f})"
                          if key == "VmRSS" else f"{values.mean():.0f}")
         cells += [str(max(r["arenas"] for r in rows)), str(max(r["Threads"] for r in rows)),
