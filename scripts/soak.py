@@ -13,7 +13,7 @@ than the batch and the queue together arrives at once. Every reply is checked: a
 greedy one must equal its solo reply, a JSON-schema reply
 must validate, a tool call's arguments must validate, a predicted reply must also
 equal the same request's solo reply without the prediction, every reply id must be
-new. Each 10 s the server's RSS and its /metrics gauges are sampled. The records go
+new. Every 2 s the server's RSS and its /metrics gauges are sampled. The records go
 to OUT/soak.json; scripts/soak_report.py turns them into the report and the plot.
 """
 from __future__ import annotations
@@ -38,6 +38,9 @@ from soak_report import write_report  # noqa: E402
 from soak_templates import Template, templates  # noqa: E402
 
 GAUGES = ("queue_depth", "running_requests", "kv_caches")
+# The live set (KV caches, a step's tensors) moves the RSS by tens of MiB within seconds:
+# a minute's mean needs many samples to be the minute's, not the moments' (soak_rss.md).
+SAMPLE_EVERY = 2.0  # seconds
 
 
 @dataclass
@@ -172,7 +175,7 @@ class Soak:
             burst = [self.random.choice(short) for _ in range(size)]
             await asyncio.gather(*(self.send(client, t) for t in burst))
 
-    async def sampler(self, client, stop: asyncio.Event, every: float = 10.0) -> None:
+    async def sampler(self, client, stop: asyncio.Event, every: float = SAMPLE_EVERY) -> None:
         while not stop.is_set():
             await self.sample(client)
             try:
@@ -311,6 +314,7 @@ async def run(args: argparse.Namespace) -> dict:
             stop.set()
             await sampling
         return {"settings": vars(args), "traffic_seconds": traffic_end, "cpus": os.cpu_count(),
+                "sample_every": SAMPLE_EVERY,
                 "templates": [t.describe() for t in pool],
                 "records": [asdict(r) for r in soak.records],
                 "samples": [asdict(s) for s in soak.samples], "final": asdict(final)}

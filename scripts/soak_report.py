@@ -16,6 +16,10 @@ import numpy as np
 
 WARM_UP_SHARE = 1 / 6  # the first sixth of the run (5 min of 30) is warm-up for the RSS goal
 RSS_BAND = 0.05  # goal: RSS within 5% after warm-up
+# The RSS goal: over the whole minutes of traffic after the warm-up, (max - min) / min of
+# the per-minute mean RSS is within RSS_BAND, and the RSS once the server is idle at the
+# end is no higher than the highest of those minutes. The idle end is not held to the band:
+# a server that gives its requests' memory back when they finish ends lower, and should.
 
 
 def per_minute(result: dict) -> list[dict]:
@@ -43,17 +47,23 @@ def goals(result: dict, rows: list[dict]) -> dict:
     outcomes = Counter(r["outcome"] for r in result["records"])
     statuses = Counter(r["status"] for r in result["records"])
     server_errors = sum(n for status, n in statuses.items() if status and status >= 500)
-    warm = math.ceil(len(rows) * WARM_UP_SHARE)
-    rss = [r["rss_mb"] for r in rows[warm:] if r["rss_mb"] is not None]
+    traffic = rows[:max(1, int(result["traffic_seconds"] // 60))]
+    warm = math.ceil(len(traffic) * WARM_UP_SHARE)
+    rss = [r["rss_mb"] for r in traffic[warm:] if r["rss_mb"] is not None]
     spread = (max(rss) - min(rss)) / min(rss) if rss else None
+    end_rss = result["final"]["rss_mb"]
+    flat = spread is not None and spread <= RSS_BAND and end_rss is not None \
+        and end_rss <= max(rss)
     final = result["final"]["gauges"]
     return {
         "zero 5xx": server_errors == 0,
         "zero lost or mixed-up replies": outcomes["lost"] == 0 and outcomes["mismatch"] == 0,
         "every reply valid": outcomes["invalid"] == 0 and outcomes["error"] == 0,
-        f"RSS flat within {RSS_BAND:.0%} after warm-up": spread is not None and spread <= RSS_BAND,
+        f"RSS flat within {RSS_BAND:.0%} after warm-up": flat,
         "gauges back to 0 at the end": not any(final.values()),
-        "_rss_spread": spread, "_outcomes": dict(outcomes), "_statuses": dict(statuses),
+        "_rss_spread": spread, "_rss_minutes": (warm + 1, len(traffic)),
+        "_rss_range": (min(rss), max(rss)) if rss else None, "_end_rss": end_rss,
+        "_outcomes": dict(outcomes), "_statuses": dict(statuses),
         "_server_errors": server_errors, "_final": final,
     }
 
@@ -81,10 +91,16 @@ def markdown(result: dict, rows: list[dict], checked: dict) -> str:
              load_line(result), "", "| goal | result |", "|---|---|"]
     lines += [f"| {goal} | {'PASS' if met else '**FAIL**'} |" for goal, met in checked.items()
               if not goal.startswith("_")]
-    spread = checked["_rss_spread"]
+    spread, (first, last) = checked["_rss_spread"], checked["_rss_minutes"]
+    low, high = checked["_rss_range"] or (None, None)
     lines += ["", f"outcomes: {checked['_outcomes']}; HTTP statuses: {checked['_statuses']}; "
-              f"RSS spread after warm-up: {_cell(spread and 100 * spread, '.2f')}%; gauges at "
-              f"the end: {checked['_final']}", "",
+              f"gauges at the end: {checked['_final']}", "",
+              f"RSS after warm-up: the per-minute mean RSS (sampled every "
+              f"{result.get('sample_every', 10):g} s) over minutes {first}-{last} of traffic "
+              f"spans {_cell(low, '.0f')}-{_cell(high, '.0f')} MiB, a spread (max - min) / min "
+              f"of {_cell(spread and 100 * spread, '.2f')}% (goal {RSS_BAND:.0%}); idle at the "
+              f"end: {_cell(checked['_end_rss'], '.0f')} MiB (goal: no higher than that "
+              "maximum)", "",
               "| minute | requests | answered | 429 | p50 s | p99 s | RSS MiB | queue max | "
               "running max | KV caches max |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

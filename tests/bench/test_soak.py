@@ -54,3 +54,27 @@ def test_a_short_soak_passes_its_goals(server, tmp_path):
     assert "| zero 5xx | PASS |" in report and "smoke test" in report
     assert (tmp_path / "soak.png").stat().st_size > 1000
     json.dumps(result)
+
+
+def _minutes_of_rss(rss_by_minute: list[float], end_rss: float) -> dict:
+    """A run's records for the RSS goal alone: one sample every 2 s at each minute's RSS,
+    then the idle end a few seconds after the traffic."""
+    gauges = dict.fromkeys(soak.GAUGES, 0.0)
+    samples = [{"at": 60 * m + s, "rss_mb": rss, "gauges": gauges, "load": 1.0}
+               for m, rss in enumerate(rss_by_minute) for s in range(0, 60, 2)]
+    final = {"at": 60 * len(rss_by_minute) + 5, "rss_mb": end_rss, "gauges": gauges, "load": 1.0}
+    return {"records": [], "samples": samples + [final], "final": final,
+            "traffic_seconds": 60 * len(rss_by_minute) + 1}
+
+
+@pytest.mark.parametrize("rss_by_minute, end_rss, flat", [
+    ([500, 700, 700, 730, 700, 700], 650, True),  # a warm-up climb; the idle end lower
+    ([500, 700, 700, 740, 700, 700], 650, False),  # 5.7% over the minutes after warm-up
+    ([500, 700, 700, 730, 700, 700], 731, False),  # the end above every minute: it grew
+])
+def test_the_rss_goal_spans_whole_minutes_of_traffic_and_checks_the_idle_end(
+        rss_by_minute, end_rss, flat):
+    result = _minutes_of_rss(rss_by_minute, end_rss)
+    checked = goals(result, per_minute(result))
+    assert checked["RSS flat within 5% after warm-up"] is flat
+    assert checked["_rss_minutes"] == (2, 6)

@@ -33,6 +33,7 @@ A request may override speculation with an extra field, e.g.
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from verispec.policy.economics import load_profile
+    from verispec.serving.malloc import fix_thresholds
     from verispec.serving.scheduler import SchedulerConfig
     from verispec.serving.server import ServerConfig, serve
 
@@ -48,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              "replica keeps its own suffix store")
 
         return serve_ray(args)
+    fix_thresholds()  # before the model loads: the RSS stays flat over a long run
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
                                 profile=load_profile(args.profile) if args.profile else None,
                                 guard_window=args.guard_window)
