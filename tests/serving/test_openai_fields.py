@@ -38,7 +38,9 @@ TYPICAL = {
     "seed": (7, {}), "temperature": (0.7, {}), "top_logprobs": (2, {"logprobs": True}),
     "stream_options": ({"include_usage": True}, {"stream": True}),
     "response_format": ({"type": "json_object"}, {}), "tools": ([TOOL], {}),
-    "tool_choice": ("required", {"tools": [TOOL], "max_tokens": 40}),
+    # Greedy: sampled, the random model's JSON could wander through whitespace past
+    # max_tokens on some draws and end "length" instead of "tool_calls".
+    "tool_choice": ("required", {"tools": [TOOL], "max_tokens": 40, "temperature": 0}),
     "functions": ([TOOL["function"]], {}), "function_call": ("auto", {}),
     "prediction": ({"type": "content", "content": "Hello, how are you?"}, {}),
     "metadata": ({"team": "a"}, {}), "modalities": (["text"], {}),
