@@ -88,7 +88,8 @@ def test_bench_runs_reports_and_writes_files(engine, tmp_path):
     assert {"cpu", "cores", "torch_threads", "torch", "transformers", "dtype", "device",
             "model", "weights", "command"} <= set(data["environment"])
     # A transformers model has no kernels' weights path; a GGUF target reports its own.
-    assert data["environment"]["weights"] is None and ", weights " not in out.markdown
+    report = (tmp_path / "report.md").read_text()
+    assert data["environment"]["weights"] is None and "- model: " in report and ", weights " not in report
     record = data["records"][1]
     assert {"workload", "prompt_id", "config", "k", "tokens", "seconds", "tokens_per_s",
             "drafted", "accepted", "target_forwards", "time_split", "vs_plain"} <= set(record)

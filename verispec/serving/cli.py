@@ -49,7 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              "replica keeps its own suffix store")
 
         return serve_ray(args)
-    fix_thresholds()  # before the model loads: the RSS stays flat over a long run
+    fix_thresholds()  # before the model loads: no saw-tooth of heap tops over a long run
     scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_queue=args.max_queue,
                                 profile=load_profile(args.profile) if args.profile else None,
                                 guard_window=args.guard_window)
