@@ -100,9 +100,30 @@ def text_ids(tokenizer, count: int, vocab_size: int) -> list[int]:
     return [i % vocab_size for i in ids[:count]]
 
 
+def _native_weight_bytes(weights) -> int:
+    """A native target's bytes per decode step: every layer's norms and matrices (packed
+    as they run: GGUF blocks, int8 tiles or bf16), the final norm and the LM head; the
+    input embedding is one row a step (or the LM head itself, when tied)."""
+    def linear(lin) -> list[torch.Tensor]:
+        parts = getattr(lin, "parts", None) or [lin]
+        return [t for part in parts for t in (part.weight, part.bias) if t is not None]
+
+    tensors = [weights.norm, *linear(weights.lm_head)]
+    for layer in weights.layers:
+        tensors += [layer.attn_norm, layer.mlp_norm, *linear(layer.qkv), *linear(layer.o),
+                    *linear(layer.gate_up), *linear(layer.down)]
+        if layer.qk_norm is not None:
+            tensors.append(layer.qk_norm)
+    seen = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}
+    return sum(seen.values())
+
+
 def weight_bytes(target) -> int | None:
     """Bytes a decode step must read: every parameter once, except an untied
     input embedding, of which a step reads one row."""
+    native = getattr(target, "weights", None)
+    if native is not None and hasattr(native, "layers") and hasattr(native, "lm_head"):
+        return _native_weight_bytes(native)
     module = target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
     if not isinstance(module, torch.nn.Module):
         return None
