@@ -34,10 +34,24 @@ def _threads(count: int):
     return before
 
 
+def _accumulators(module, row: torch.Tensor, packed: torch.Tensor, out: int) -> torch.Tensor:
+    """One row's float32 accumulators, exactly, though linear() rounds its outputs to bf16:
+    a float32 bias of minus what is known so far leaves the next 8 bits of each
+    (the subtraction is exact, Sterbenz), and three passes give all 24."""
+    known = torch.zeros(out, dtype=torch.float64)
+    for _ in range(3):
+        known += module.linear(row, packed, out, (-known).float()).double()[0]
+    return known
+
+
 def _same_bits_every_row_count(packed: torch.Tensor, out: int, inp: int, bias: torch.Tensor | None) -> None:
     """n = 1..16 rows: the 256-bit module's bits are the AVX-512 module's, and each
     row's are that row's alone, at 1 and 2 threads."""
     x = _x(16, inp, seed=inp + out)
+    if bias is None:  # every fp32 bit, not only the 16 a bf16 output keeps
+        for r in range(16):
+            assert torch.equal(_accumulators(SMALL, x[r:r + 1], packed, out),
+                               _accumulators(BIG, x[r:r + 1], packed, out)), r
     alone = torch.cat([SMALL.linear(x[r:r + 1], packed, out, bias) for r in range(16)])
     before = torch.get_num_threads()
     try:
