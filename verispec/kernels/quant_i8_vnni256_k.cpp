@@ -12,7 +12,7 @@
 namespace vs::i8::v256 {
 namespace {
 
-constexpr int kMaxRows = 8;
+constexpr int kMaxRows = 4;
 constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
 
 constexpr int64_t tile_bytes(int type) { return type == 12 ? 2368 : type == 13 ? 2880 : 3360; }
@@ -77,17 +77,22 @@ void q45k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead
       for (int h = 0; h < H; ++h) part[r][h] = _mm256_setzero_si256();
     }
     for (int v = 0; v < 4; ++v) {
+      __m256i lo[H], hi[H];
       for (int h = 0; h < H; ++h) {
         const Half at = half_at<Type>(t0, h0 + h);
         const __m256i w = half_of(at.t + 320 + 64 * (4 * s + v), at.side);
-        __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+        lo[h] = _mm256_and_si256(w, low4);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
         if constexpr (kFive) {
-          lo = _mm256_or_si256(lo, sixteens(at.t + 2368 + 8 * (8 * s + v), at.side));
-          hi = _mm256_or_si256(hi, sixteens(at.t + 2368 + 8 * (8 * s + 4 + v), at.side));
+          lo[h] = _mm256_or_si256(lo[h], sixteens(at.t + 2368 + 8 * (8 * s + v), at.side));
+          hi[h] = _mm256_or_si256(hi[h], sixteens(at.t + 2368 + 8 * (8 * s + 4 + v), at.side));
         }
-        for (int r = 0; r < R; ++r) {
-          part[r][h] = _mm256_dpbusd_avx_epi32(part[r][h], lo, bcast4(x.q[r] + 32 * s + 4 * v));
-          part[r][h] = _mm256_dpbusd_avx_epi32(part[r][h], hi, bcast4(x.q[r] + 32 * s + 16 + 4 * v));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i x_lo = bcast4(x.q[r] + 32 * s + 4 * v), x_hi = bcast4(x.q[r] + 32 * s + 16 + 4 * v);
+        for (int h = 0; h < H; ++h) {
+          part[r][h] = _mm256_dpbusd_avx_epi32(part[r][h], lo[h], x_lo);
+          part[r][h] = _mm256_dpbusd_avx_epi32(part[r][h], hi[h], x_hi);
         }
       }
     }
@@ -136,6 +141,7 @@ void q6k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead&
       for (int h = 0; h < H; ++h) part[r][h] = _mm256_setzero_si256();
     }
     for (int i = 0; i < 4; ++i) {
+      __m256i q[H];
       for (int h = 0; h < H; ++h) {
         const Half at = half_at<14>(t0, h0 + h);
         const __m256i w = half_of(at.t + 288 + 64 * (4 * g + i), at.side);
@@ -145,8 +151,11 @@ void q6k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead&
         const __m256i hv = half_of(at.t + 2336 + 64 * s, at.side);
         const __m256i high = i == 0 ? _mm256_slli_epi16(hv, 4) : i == 1 ? _mm256_slli_epi16(hv, 2)
                                     : i == 2 ? hv : _mm256_srli_epi16(hv, 2);
-        const __m256i q = _mm256_or_si256(low, _mm256_and_si256(high, top2));
-        for (int r = 0; r < R; ++r) part[r][h] = _mm256_dpbusd_avx_epi32(part[r][h], q, bcast4(x.q[r] + 16 * s + 4 * i));
+        q[h] = _mm256_or_si256(low, _mm256_and_si256(high, top2));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i xr = bcast4(x.q[r] + 16 * s + 4 * i);
+        for (int h = 0; h < H; ++h) part[r][h] = _mm256_dpbusd_avx_epi32(part[r][h], q[h], xr);
       }
     }
     for (int h = 0; h < H; ++h) {
@@ -169,8 +178,10 @@ void q6k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead&
   }
 }
 
-// Halves swept at once for R rows: R x H <= 8 sub-block accumulators in registers.
-constexpr int halves_for(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1; }
+// Halves swept at once for R <= kMaxRows rows: R x H <= 8 sub-block accumulators
+// beside the 2H unpacked vectors, within the 16 registers (8 rows of one half a
+// sweep measured slower than two chunks of 4: a broadcast of x fed one VPDPBUSD).
+constexpr int halves_for(int rows) { return rows == 1 ? 4 : 2; }
 
 template <int Type, int R>
 void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {

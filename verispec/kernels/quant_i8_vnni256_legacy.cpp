@@ -32,29 +32,36 @@ void sweep(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int h0,
     for (int r = 0; r < R; ++r) {
       for (int h = 0; h < H; ++h) s[r][h] = _mm256_setzero_si256();
     }
+    // The H halves unpacked first, then each row's broadcast of x feeds H VPDPBUSDs.
     if constexpr (f.four) {
       for (int step = 0; step < 4; ++step) {
+        __m256i lo[H], hi[H];
         for (int h = 0; h < H; ++h) {
           const int q = h0 + h;
           const uint8_t* t = t0 + (q / 2) * tb;
           const __m256i v = half_of(t + quants + 64 * step, q % 2);
-          __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          lo[h] = _mm256_and_si256(v, low4);
+          hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           if constexpr (f.five) {
-            lo = _mm256_or_si256(lo, sixteens(t + masks + 8 * step, q % 2));
-            hi = _mm256_or_si256(hi, sixteens(t + masks + 8 * (step + 4), q % 2));
+            lo[h] = _mm256_or_si256(lo[h], sixteens(t + masks + 8 * step, q % 2));
+            hi[h] = _mm256_or_si256(hi[h], sixteens(t + masks + 8 * (step + 4), q % 2));
           }
-          for (int r = 0; r < R; ++r) {
-            s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], lo, bcast4(xq[r] + 4 * step));
-            s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], hi, bcast4(xq[r] + 16 + 4 * step));
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m256i x_lo = bcast4(xq[r] + 4 * step), x_hi = bcast4(xq[r] + 16 + 4 * step);
+          for (int h = 0; h < H; ++h) {
+            s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], lo[h], x_lo);
+            s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], hi[h], x_hi);
           }
         }
       }
     } else {
       for (int step = 0; step < 8; ++step) {
-        for (int h = 0; h < H; ++h) {
-          const int q = h0 + h;
-          const __m256i v = half_of(t0 + (q / 2) * tb + quants + 64 * step, q % 2);
-          for (int r = 0; r < R; ++r) s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], v, bcast4(xq[r] + 4 * step));
+        __m256i v[H];
+        for (int h = 0; h < H; ++h) v[h] = half_of(t0 + ((h0 + h) / 2) * tb + quants + 64 * step, (h0 + h) % 2);
+        for (int r = 0; r < R; ++r) {
+          const __m256i xr = bcast4(xq[r] + 4 * step);
+          for (int h = 0; h < H; ++h) s[r][h] = _mm256_dpbusd_avx_epi32(s[r][h], v[h], xr);
         }
       }
     }
@@ -76,8 +83,11 @@ void sweep(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int h0,
   }
 }
 
-// Halves swept at once for R rows: R x H <= 8 integer accumulators.
-constexpr int halves_for(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1; }
+// Halves swept at once for R <= 4 rows (a chunk of quant_i8_vnni256.cpp's driver):
+// R x H <= 8 integer accumulators beside the 2H unpacked vectors, within the 16
+// registers. More rows a chunk, with one half a sweep, measured slower: each
+// broadcast of x then feeds a single VPDPBUSD.
+constexpr int halves_for(int rows) { return rows == 1 ? 4 : 2; }
 
 template <int Fi, int R>
 void group_rows(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, float* acc) {
@@ -91,11 +101,7 @@ void group_chunk(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, i
     case 1: group_rows<Fi, 1>(gd, blocks, x, r0, acc); break;
     case 2: group_rows<Fi, 2>(gd, blocks, x, r0, acc); break;
     case 3: group_rows<Fi, 3>(gd, blocks, x, r0, acc); break;
-    case 4: group_rows<Fi, 4>(gd, blocks, x, r0, acc); break;
-    case 5: group_rows<Fi, 5>(gd, blocks, x, r0, acc); break;
-    case 6: group_rows<Fi, 6>(gd, blocks, x, r0, acc); break;
-    case 7: group_rows<Fi, 7>(gd, blocks, x, r0, acc); break;
-    default: group_rows<Fi, 8>(gd, blocks, x, r0, acc); break;
+    default: group_rows<Fi, 4>(gd, blocks, x, r0, acc); break;
   }
 }
 
