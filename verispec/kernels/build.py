@@ -70,56 +70,42 @@ def build_dir(sources: Path = _HERE, module: str = "") -> Path:
     return path
 
 
-def build():
-    """The compiled module, or None (with a warning saying why) when unavailable."""
+def _load(name: str, sources: list[Path], flags: list[str], required: tuple[str, ...], folder: Path,
+          off: str, fallback: str, needs: str):
+    """One module, built or reused, or None with one warning ("verispec: <off> (why);
+    <fallback>") where the CPU lacks `required`, init() finds no `needs`, or the build fails."""
     if os.environ.get("VERISPEC_NO_KERNELS"):
         return None
-    missing = [f for f in _REQUIRED if f not in cpu_flags()]
+    missing = [f for f in required if f not in cpu_flags()]
     if missing:
-        warnings.warn(f"verispec: native kernels off (CPU lacks {', '.join(missing)}); "
-                      f"using oneDNN", stacklevel=3)
+        warnings.warn(f"verispec: {off} (CPU lacks {', '.join(missing)}); {fallback}", stacklevel=4)
         return None
     try:
         from torch.utils.cpp_extension import load
 
         # -fopenmp links libgomp.so.1 by soname, which resolves to the copy torch
         # already loaded, so at::parallel_for shares torch's one thread pool.
-        module = load(name="verispec_kernels", sources=[str(p) for p in _SOURCES],
-                      extra_cflags=_FLAGS, extra_include_paths=[str(_HERE)], extra_ldflags=["-fopenmp"],
-                      build_directory=str(build_dir()), verbose=False)
+        module = load(name=name, sources=[str(p) for p in sources], extra_cflags=flags,
+                      extra_include_paths=[str(_HERE)], extra_ldflags=["-fopenmp"],
+                      build_directory=str(folder), verbose=False)
         if not module.init():
-            warnings.warn("verispec: native kernels off (the CPU reports no AVX-512-BF16); "
-                          "using oneDNN", stacklevel=3)
+            warnings.warn(f"verispec: {off} (the CPU reports no {needs}); {fallback}", stacklevel=4)
             return None
         return module
     except Exception as err:  # compiler, ninja or headers missing: fall back, don't fail
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
-        warnings.warn(f"verispec: native kernels off (build failed: {first}); using oneDNN",
-                      stacklevel=3)
+        warnings.warn(f"verispec: {off} (build failed: {first}); {fallback}", stacklevel=4)
         return None
+
+
+def build():
+    """The compiled module, or None (with a warning saying why) when unavailable."""
+    return _load("verispec_kernels", _SOURCES, _FLAGS, _REQUIRED, build_dir(), "native kernels off",
+                 "using oneDNN", "AVX-512-BF16")
 
 
 def build_vnni256():
     """The AVX-VNNI integer-path module, or None (with a warning saying why)."""
-    if os.environ.get("VERISPEC_NO_KERNELS"):
-        return None
-    missing = [f for f in VNNI256_REQUIRED if f not in cpu_flags()]
-    if missing:
-        warnings.warn(f"verispec: the AVX-VNNI integer path is off (CPU lacks {', '.join(missing)})",
-                      stacklevel=3)
-        return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        module = load(name="verispec_i8_vnni256", sources=[str(p) for p in _VNNI256_SOURCES],
-                      extra_cflags=_VNNI256_FLAGS, extra_include_paths=[str(_HERE)], extra_ldflags=["-fopenmp"],
-                      build_directory=str(build_dir(module="vnni256")), verbose=False)
-        if not module.init():
-            warnings.warn("verispec: the AVX-VNNI integer path is off (the CPU reports no AVX-VNNI)",
-                          stacklevel=3)
-            return None
-        return module
-    except Exception as err:  # compiler, ninja or headers missing: fall back, don't fail
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
-        warnings.warn(f"verispec: the AVX-VNNI integer path is off (build failed: {first})", stacklevel=3)
-        return None
+    return _load("verispec_i8_vnni256", _VNNI256_SOURCES, _VNNI256_FLAGS, VNNI256_REQUIRED,
+                 build_dir(module="vnni256"), "the AVX-VNNI integer path is off",
+                 "GGUF files take the bf16 path or dense", "AVX-VNNI")
