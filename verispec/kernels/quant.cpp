@@ -108,18 +108,12 @@ at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int
 at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids_in) {
   const bool i8 = vs::is_i8_pack(packed);
   TORCH_CHECK(i8 || vs::is_quant_pack(packed), "embedding: the weight must come from pack_quant()");
-  TORCH_CHECK(ids_in.scalar_type() == at::kLong, "embedding: ids must be int64");
   const at::Tensor ids = ids_in.contiguous();
   int64_t out, in;
   (i8 ? vs::i8_shape : vs::quant_shape)(packed, &out, &in);
+  at::Tensor y = vs::embedding_rows(ids, out, in);
   const int64_t n = ids.numel();
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t r = 0; r < n; ++r) {
-    TORCH_CHECK(id[r] >= 0 && id[r] < out, "embedding: id ", id[r], " out of range [0, ", out, ")");
-  }
-  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
-  shape.push_back(in);
-  at::Tensor y = at::empty(shape, at::TensorOptions().dtype(at::kBFloat16));
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   if (i8) {
     vs::embedding_i8(packed, id, n, y.data_ptr<at::BFloat16>());

@@ -134,19 +134,11 @@ at::Tensor linear_i8(const at::Tensor& x, const at::Tensor& packed, int64_t out,
 }
 
 at::Tensor embedding_i8(const at::Tensor& packed, const at::Tensor& ids_in) {
-  TORCH_CHECK(ids_in.scalar_type() == at::kLong, "embedding: ids must be int64");
   int64_t in;
   const int64_t out = quant_shape(packed, &in);
   const at::Tensor ids = ids_in.contiguous();
-  const int64_t n = ids.numel();
-  const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t r = 0; r < n; ++r) {
-    TORCH_CHECK(id[r] >= 0 && id[r] < out, "embedding: id ", id[r], " out of range [0, ", out, ")");
-  }
-  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
-  shape.push_back(in);
-  at::Tensor y = at::empty(shape, at::TensorOptions().dtype(at::kBFloat16));
-  vs::embedding_i8(packed, id, n, y.data_ptr<at::BFloat16>());
+  at::Tensor y = vs::embedding_rows(ids, out, in);
+  vs::embedding_i8(packed, ids.data_ptr<int64_t>(), ids.numel(), y.data_ptr<at::BFloat16>());
   return y;
 }
 

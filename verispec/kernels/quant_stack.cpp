@@ -1,5 +1,6 @@
-// The stacked pack layout's builder (quant_stack.h), shared by both quantized pack
-// formats and by both integer-path modules (build.py): plain C++, no vector code.
+// The stacked pack layout's builder (quant_stack.h) and the embedding's output checks,
+// shared by both quantized pack formats and by both integer-path modules (build.py):
+// plain C++, no vector code.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <sys/mman.h>
@@ -77,6 +78,17 @@ Stacked pack_stack(const char* who, const std::vector<at::Tensor>& raws, const s
     }
   });
   return Stacked{packed, out, groups, data_offset};
+}
+
+at::Tensor embedding_rows(const at::Tensor& ids, int64_t out, int64_t in) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "embedding: ids must be int64");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t r = 0; r < ids.numel(); ++r) {
+    TORCH_CHECK(id[r] >= 0 && id[r] < out, "embedding: id ", id[r], " out of range [0, ", out, ")");
+  }
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(in);
+  return at::empty(shape, at::TensorOptions().dtype(at::kBFloat16));
 }
 
 }  // namespace vs
