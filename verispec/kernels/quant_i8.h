@@ -1,7 +1,8 @@
 // The integer path of a quantized product (--weights quant-i8), shared between its
-// files: quant_i8_pack.cpp (the tile layouts), quant_i8.cpp (activations, the
-// driver, the embedding), quant_i8_legacy.cpp (32-weight blocks), quant_i8_k.cpp
-// (256-weight K-quant super-blocks).
+// files: quant_i8_pack.cpp (the tile layouts, the pack, the embedding), quant_i8.cpp
+// (activations, the driver), quant_i8_legacy.cpp (32-weight blocks), quant_i8_k.cpp
+// (256-weight K-quant super-blocks); and with the AVX-VNNI module's
+// (quant_i8_vnni256.h), which reads the same packs with the same bits.
 //
 // Each row of x is rounded to int8 on its own, as llama.cpp rounds its activations:
 // per 32 values for the 32-weight formats (its Q8_0 / Q8_1), per 256 for the
