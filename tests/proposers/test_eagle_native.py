@@ -203,14 +203,14 @@ def test_sampled_output_follows_the_target_on_the_native_layer(tmp_path, tree, f
 
 
 def test_draft_rows_in_the_targets_blocks_give_the_dense_rows_logits(default_model):
-    """The default model's LM head is its tied Q8_0 embedding: the draft
-    vocabulary's rows packed in those blocks give bit for bit the logits of
-    the same rows dequantized to bf16, at about half the bytes."""
+    """The default model's LM head is its tied Q8_0 embedding: on the bf16 block
+    path, the draft vocabulary's rows packed in those blocks give bit for bit
+    the logits of the same rows dequantized to bf16, at about half the bytes."""
     from verispec.models.loading import load_target
     from verispec.proposers.heads.runtime import DraftOutput
     from verispec.proposers.heads.target_parts import target_parts
 
-    target = load_target(default_model).target
+    target = load_target(default_model, weights="quant").target
     parts = target_parts(target)
     if parts.quant_rows is None:
         pytest.skip("the default model's LM head is not quantized here")
@@ -222,3 +222,24 @@ def test_draft_rows_in_the_targets_blocks_give_the_dense_rows_logits(default_mod
     x = torch.randn(5, target.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
     for rows in (1, 3, 5):
         assert torch.equal(quant.logits(x[:rows]), dense.logits(x[:rows]))
+
+
+def test_draft_rows_on_the_integer_path_are_the_targets_logits(default_model):
+    """On --weights quant-i8 the draft rows run the integer path too: each draft
+    logit is bit for bit the target head's logit of that id, not the bf16 path's."""
+    from verispec import kernels
+    from verispec.models.loading import load_target
+    from verispec.proposers.heads.runtime import DraftOutput
+    from verispec.proposers.heads.target_parts import target_parts
+
+    if not kernels.available() or not kernels.quant_i8_types():
+        pytest.skip("no integer path on this CPU")
+    target = load_target(default_model, weights="quant-i8").target
+    parts = target_parts(target)
+    ids = torch.cat([torch.arange(0, 4096), torch.tensor([4099, 20000, target.vocab_size - 1])])
+    draft = DraftOutput(parts, ids, target.vocab_size)
+    assert kernels.is_int8(draft._linear.weight)
+    x = torch.randn(5, target.hidden_size, generator=torch.Generator().manual_seed(1)).bfloat16()
+    full = parts.lm_head(x).float()
+    for rows in (1, 3, 5):
+        assert torch.equal(draft.logits(x[:rows]), full[:rows, ids])

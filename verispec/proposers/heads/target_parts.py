@@ -111,10 +111,12 @@ def _native_head(head) -> Callable[[torch.Tensor], torch.Tensor]:
 def quant_lm_rows(target) -> Callable[[torch.Tensor], object] | None:
     """For a target whose LM head runs GGUF blocks in the kernels (the default
     model's tied Q8_0 embedding): ids -> a Linear over just those rows, in the
-    same blocks, re-read from the file. The kernels multiply a block pack by
-    exactly the bf16 values its dequantization gives (kernels/__init__.py), so
-    its logits are bit-identical to the dense bf16 rows', at about half the
-    bytes read per draft token for Q8_0."""
+    same blocks, re-read from the file, on the target's own path. Every output
+    of either path depends on its own row of blocks and x alone
+    (kernels/quant_i8.h), so the draft rows' logits are bit-identical to the
+    target head's logits of those ids: with `--weights quant` they are also the
+    dense bf16 rows', with `quant-i8` they are the integer path's. About half
+    the bytes read per draft token for Q8_0."""
     from verispec import kernels
 
     weights = target.weights
@@ -122,6 +124,7 @@ def quant_lm_rows(target) -> Callable[[torch.Tensor], object] | None:
     if (not getattr(head, "kernel", False) or not kernels.is_quantized(head.weight)
             or source is None or not source.is_file()):
         return None
+    int8 = kernels.is_int8(head.weight)
 
     def rows(token_ids: torch.Tensor):
         from verispec.models.gguf_file import GGUFFile
@@ -130,9 +133,10 @@ def quant_lm_rows(target) -> Callable[[torch.Tensor], object] | None:
         gf = GGUFFile(source)
         name = "token_embd.weight" if target.spec.tie_embeddings else "output.weight"
         info = gf.tensors[name]
-        raw = gf.raw(name)[token_ids.cpu().numpy()]  # [n, bytes per row], a copy
-        packed = kernels.pack_quant(torch.from_numpy(raw), info.ggml_type, raw.shape[0],
-                                    head.in_features)
+        raw = torch.from_numpy(gf.raw(name)[token_ids.cpu().numpy()])  # [n, bytes per row], a copy
+        part = [(raw, info.ggml_type, raw.shape[0])]
+        packed = (kernels.pack_quant_i8(part, head.in_features) if int8 else
+                  kernels.pack_quant_cat(part, head.in_features))
         gf.close()
         return Linear.from_pack(packed, raw.shape[0], head.in_features, None, head.format)
 
