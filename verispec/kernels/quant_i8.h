@@ -153,6 +153,31 @@ void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, flo
 
 #define VS_I8_INLINE inline __attribute__((always_inline))
 
+// ---- The K-quant kernels' shared pieces (both modules) ----
+
+constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
+
+// The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
+// the first chunk's sweeps: issued all at once before a super-block, they stalled the
+// unpacking behind the load queue and the stream stopped while the VPDPBUSDs ran
+// (docs/notebook/quant_i8_kquant.md, round 3). `next` is null for later chunks.
+struct Ahead {
+  const char* next = nullptr;
+  int64_t lines = 0;  // per sub-block
+  VS_I8_INLINE void issue(int64_t step) const {
+    if (next == nullptr) return;
+    for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + 64 * (step * lines + l), _MM_HINT_T0);
+  }
+};
+
+// One chunk's rows at one super-block: their int8 values, sums and scale.
+template <int R>
+struct XBlock {
+  const int8_t* q[R];  // the super-block's 256 values
+  const int16_t* sums[R];  // its sums per 32 (Q4_K, Q5_K) or per 16 (Q6_K)
+  float d[R];
+};
+
 // Four int8 values of x as the broadcast operand of VPDPBUSD.
 VS_I8_INLINE __m512i bcast4(const void* p) {
   int32_t v;

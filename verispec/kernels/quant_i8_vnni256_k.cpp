@@ -13,29 +13,7 @@ namespace vs::i8::v256 {
 namespace {
 
 constexpr int kMaxRows = 4;
-constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
-
 constexpr int64_t tile_bytes(int type) { return type == 12 ? 2368 : type == 13 ? 2880 : 3360; }
-
-// The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
-// the first chunk's sweeps (as quant_i8_k.cpp spreads them). `next` is null for
-// later chunks.
-struct Ahead {
-  const char* next = nullptr;
-  int64_t lines = 0;  // per sub-block
-  VS_I8_INLINE void issue(int64_t step) const {
-    if (next == nullptr) return;
-    for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + 64 * (step * lines + l), _MM_HINT_T0);
-  }
-};
-
-// One chunk's rows at one super-block: their int8 values, sums and scale.
-template <int R>
-struct XBlock {
-  const int8_t* q[R];  // the super-block's 256 values
-  const int16_t* sums[R];  // its sums per 32 (Q4_K, Q5_K) or per 16 (Q6_K)
-  float d[R];
-};
 
 // A super-block's integer sums per row and half, in L1: the sub-block sums and the
 // unpacked weights fill the 16 vector registers.
