@@ -79,9 +79,10 @@ def available() -> bool:
 
 
 def _require():
-    if not available():
+    module = _get()
+    if module is None:
         raise RuntimeError("the bf16 kernel is unavailable; check available() first")
-    return _module
+    return module
 
 
 def choose_i8_isa(flags: set[str], forced: str | None, avx512_module, vnni256_module) -> str | None:
@@ -124,8 +125,11 @@ def _i8_module():
 
 def _module_for(packed: torch.Tensor):
     """The module that runs `packed`: the 256-bit one for an integer-path pack where it
-    runs the integer path, else the AVX-512 one."""
-    if packed.dtype == torch.uint8 and i8_isa() == "avx-vnni" and _vnni256.is_quant_i8(packed):
+    runs the integer path, else the AVX-512 one. On the hot path of every linear():
+    where the 256-bit module was never built, one check; where the AVX-512 one is
+    absent, no environment read."""
+    if (_vnni256 is not None and packed.dtype == torch.uint8 and (_module is None or i8_isa() == "avx-vnni")
+            and _vnni256.is_quant_i8(packed)):
         return _vnni256
     return _require()
 
