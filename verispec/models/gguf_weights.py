@@ -123,7 +123,8 @@ class _Builder:
         # kernels' formats); a stack mixing one without it keeps the bf16 path, which
         # a CPU with AVX-VNNI and no AVX-512 lacks (its tensors then run dense).
         self.i8_types = set(kernels.quant_i8_types()) if quant and int8 else set()
-        self.kernel_types = (set(kernels.quant_types()) if kernels.available() else self.i8_types) if quant else set()
+        bf16_path = set(kernels.quant_types()) if quant and kernels.available() else set()
+        self.kernel_types = bf16_path or self.i8_types
         self.kind = "dense" if not quant else "quant-i8" if int8 else "quant"
         self.permuted = spec.model_type in _PERMUTED
         self.parts: list[tuple[str, int | None, bytes]] = []
