@@ -154,6 +154,19 @@ def test_environment_forces_the_choice(monkeypatch):
     assert loading.auto_quant_kind() is None  # neither kernel path: dense
 
 
+def test_the_module_falls_back_with_one_warning(monkeypatch, tmp_path):
+    from verispec.kernels import build
+
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx2", "fma"})
+    with pytest.warns(UserWarning, match=r"AVX-VNNI integer path is off \(CPU lacks f16c, avx_vnni\)"):
+        assert build.build_vnni256() is None
+    monkeypatch.setattr(build, "cpu_flags", lambda: set(build.VNNI256_REQUIRED))
+    monkeypatch.setattr(build, "_VNNI256_FLAGS", ["-mno-such-option"])
+    monkeypatch.setattr(build, "build_dir", lambda module="": tmp_path)
+    with pytest.warns(UserWarning, match=r"AVX-VNNI integer path is off \(build failed: .*\); GGUF files"):
+        assert build.build_vnni256() is None
+
+
 @pytest.fixture
 def forced_vnni256(monkeypatch):
     """This process as a CPU with AVX-VNNI and no AVX-512 (and no native bf16)."""
