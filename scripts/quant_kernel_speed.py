@@ -1,7 +1,8 @@
 """Micro-benchmark of verispec's matmul kernel: dense bf16 and each GGUF block
 format, ms per matmul at real model shapes, for n = 1..32 rows. A format named
 FMT-i8 (Q8_0-i8, Q4_1-i8, Q4_0-i8) is the integer path (pack_quant_i8, --weights
-quant-i8).
+quant-i8); FMT-v256 is the same packs on the integer path's AVX-VNNI module, the
+256-bit kernels of CPUs without AVX-512 (kernels.i8_backend).
 
 Each (shape, format) gets enough distinct weight copies to exceed the last-level
 cache (`--working-set`), so every product streams its weight from DRAM as in a
@@ -11,6 +12,7 @@ the measured stream bandwidth (torch.sum over a float32 buffer, same threads).
 
     python scripts/quant_kernel_speed.py --threads 2
     python scripts/quant_kernel_speed.py --threads 1 --models 135M --formats Q4_1,Q4_1-i8,Q8_0,Q8_0-i8
+    python scripts/quant_kernel_speed.py --threads 1 --rows 1,4,8 --formats Q4_1-i8,Q4_1-v256
 """
 from __future__ import annotations
 
@@ -50,8 +52,12 @@ def random_raw(fmt: str, out: int, inp: int, rng: np.random.Generator) -> np.nda
     return blocks.reshape(-1)
 
 
+def _block_format(fmt: str) -> str:
+    return fmt.removesuffix("-i8").removesuffix("-v256")
+
+
 def weight_bytes(fmt: str, out: int, inp: int) -> int:
-    fmt = fmt.removesuffix("-i8")
+    fmt = _block_format(fmt)
     if fmt == "BF16":
         return out * inp * 2
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]]
@@ -62,10 +68,10 @@ def make_packs(fmt: str, out: int, inp: int, working_set: int, rng) -> list[torc
     copies = max(1, -(-working_set // weight_bytes(fmt, out, inp)))
     if fmt == "BF16":
         return [kernels.pack((torch.randn(out, inp) * 0.02).bfloat16()) for _ in range(copies)]
-    base = fmt.removesuffix("-i8")
+    base = _block_format(fmt)
     qtype = int(gguf.GGMLQuantizationType[base])
     raw = torch.from_numpy(random_raw(base, out, inp, rng))
-    if fmt.endswith("-i8"):
+    if base != fmt:
         return [kernels.pack_quant_i8([(raw, qtype, out)], inp) for _ in range(copies)]
     return [kernels.pack_quant(raw, qtype, out, inp) for _ in range(copies)]
 
@@ -83,7 +89,7 @@ def stream_gbps(threads: int, size: int = 1 << 30) -> float:
 CLOCK = time.perf_counter
 
 
-def time_packs(packs, x, out, fused_rows: int | None = None) -> float:
+def time_packs(packs, x, out, fused_rows: int | None = None, linear=kernels.linear) -> float:
     """ms per matmul, cycling through the copies once; fused_rows=0 times the
     buffered quantized path."""
     default = kernels.quant_fused_rows()
@@ -92,7 +98,7 @@ def time_packs(packs, x, out, fused_rows: int | None = None) -> float:
     try:
         start = CLOCK()
         for packed in packs:
-            kernels.linear(x, packed, out)
+            linear(x, packed, out)
         return (CLOCK() - start) / len(packs) * 1e3
     finally:
         kernels.quant_fused_rows(default)
@@ -118,6 +124,9 @@ def main() -> None:
         CLOCK = time.thread_time
     if not kernels.available():
         sys.exit("verispec kernels unavailable on this machine")
+    v256 = kernels.i8_backend("avx-vnni")
+    if v256 is None and any(f.endswith("-v256") for f in args.formats.split(",")):
+        sys.exit("the integer path's AVX-VNNI module is unavailable on this machine")
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     formats = args.formats.split(",")
@@ -134,20 +143,21 @@ def main() -> None:
         for matrix, out, inp in SHAPES[model]:
             # A K-quant needs in % 256 == 0 (ggml then stores such a tensor in another type).
             fits = [f for f in formats if f == "BF16" or inp % gguf.GGML_QUANT_SIZES[
-                gguf.GGMLQuantizationType[f.removesuffix("-i8")]][0] == 0]
+                gguf.GGMLQuantizationType[_block_format(f)]][0] == 0]
             packs = {fmt: make_packs(fmt, out, inp, args.working_set, rng) for fmt in fits}
             if args.buffered:
-                fits += [f + "/buf" for f in fits if f != "BF16" and not f.endswith("-i8")]
+                fits += [f + "/buf" for f in fits if f != "BF16" and _block_format(f) == f]
                 packs.update({f: packs[f[:-4]] for f in fits if f.endswith("/buf")})
             xs = {n: torch.randn(n, inp).bfloat16() for n in rows}
             samples = {(fmt, n): [] for fmt in fits for n in rows}
+            linears = {f: v256.linear if f.endswith("-v256") else kernels.linear for f in fits}
             for fmt in fits:  # warm-up: page in every copy
-                time_packs(packs[fmt], xs[1], out)
+                time_packs(packs[fmt], xs[1], out, linear=linears[fmt])
             for _ in range(args.repeats):
                 for fmt in fits:
                     for n in rows:
                         samples[fmt, n].append(time_packs(packs[fmt], xs[n], out,
-                                                          0 if fmt.endswith("/buf") else None))
+                                                          0 if fmt.endswith("/buf") else None, linears[fmt]))
             for fmt in fits:
                 mb = weight_bytes(fmt.removesuffix("/buf"), out, inp) / 1e6
                 ms = [statistics.median(samples[fmt, n]) for n in rows]

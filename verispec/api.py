@@ -12,7 +12,7 @@ from verispec.config import DEFAULT_SPEC, SamplingParams, SpecConfig
 from verispec.metrics import Stats
 from verispec.models.base import TargetModel
 from verispec.models.llama import NativeLlama
-from verispec.models.loading import DEFAULT_MODEL, load_target
+from verispec.models.loading import DEFAULT_MODEL, load_target, weights_label
 from verispec.models.quant_draft import quantized_draft
 from verispec.prompt_ids import chat_ids, prediction_ids, text_ids
 from verispec.proposers.base import ProposerSetup
@@ -116,7 +116,7 @@ class Engine:
         or auto (native where supported). `weights` (GGUF files): quant-i8 runs the
         file's blocks on the kernels' integer path (int8 activations, as llama.cpp),
         quant with the dense bf16 logits, dense dequantizes them; auto = quant-i8
-        where the CPU has AVX-512-VNNI, else quant where the kernels build."""
+        where the CPU has AVX-512-VNNI or AVX-VNNI, else quant where the kernels build."""
         if isinstance(model, TargetModel):
             self.target = model
             self.tokenizer = tokenizer
@@ -236,7 +236,7 @@ class Engine:
         stats = Stats(proposer=label, k=spec.k if spec.proposer != "none" else 0,
                       lossy=spec.lossy_typical and not sampling.greedy,
                       adaptive=spec.adaptive,
-                      weights=self.weights, backend=self.backend_note,
+                      weights=weights_label(self.weights), backend=self.backend_note,
                       predicted=prediction is not None)
         return SpecRequest(self.target, ids, sampling, spec, proposer, stopper, generator, stats,
                            constraint=self.constraint(sampling, spec.grammar_forced))

@@ -47,12 +47,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="auto", choices=["auto", "quant", "quant-i8", "dense"],
                    help="GGUF files: quant-i8 = run the file's quantized blocks in verispec's "
                         "kernels with activations rounded to int8, as llama.cpp does (needs "
-                        "AVX-512-VNNI; the logits differ from dense bf16 by that rounding, and "
+                        "AVX-512-VNNI or AVX-VNNI; the logits differ from dense bf16 by that rounding, and "
                         "speculation stays bit-exact against plain decoding on the same path); "
                         "quant = the blocks dequantized exactly to bf16 in the kernels (the dense "
                         "logits bit for bit, slower); dense = dequantize to bf16 once (a cached "
                         "copy); auto = quant-i8 where the CPU has VNNI, else quant where the "
-                        "kernels build, else dense. The stats line says which ran (weights=...)")
+                        "kernels build, else dense. The stats line says which ran (weights=...; "
+                        "quant-i8/avx-vnni: the 256-bit kernels of CPUs without AVX-512)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="native only: every position's logits are bit-identical whether "
                         "computed alone, in a verification block or in a batch. Always on, at no "

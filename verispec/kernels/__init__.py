@@ -10,10 +10,15 @@ runs on AMX where the CPU and OS allow it, else on AVX-512-BF16 (`isa()`).
 takes it as it takes a dense pack and returns, bit for bit, what the dense
 path returns for the reference dequantization (gguf.quants.dequantize) rounded
 to bf16. `embedding(packed, ids)` looks rows up from such a pack.
-`pack_quant_i8` is the integer path (every format above, on AVX-512-VNNI): x
-rounded to int8 per row as llama.cpp does (per 32 values, per 256 for the
-K-quants), exact int32 block sums; row-invariant too, but its bits are not the
-dense path's. VERISPEC_NO_VNNI=1 makes a process act as if the CPU lacked VNNI.
+`pack_quant_i8` is the integer path (every format above): x rounded to int8 per
+row as llama.cpp does (per 32 values, per 256 for the K-quants), exact int32 block
+sums; row-invariant too, but its bits are not the dense path's. It runs on
+AVX-512-VNNI in the module above, or, on a CPU with AVX-VNNI and no AVX-512, in a
+second module of 256-bit kernels with the same bits (`i8_isa()`; build.py).
+VERISPEC_NO_VNNI=1 makes a process act as if the CPU lacked VNNI;
+VERISPEC_I8_ISA=avx-vnni as if it had AVX-VNNI and no AVX-512 (the AVX-512 module
+stays off, so the models take their eager path), VERISPEC_I8_ISA=avx512-vnni
+keeps the integer path off the 256-bit module.
 `attend(q, caches, row_cache, row_len, row_index)` is attention whose
 result for a row depends only on that row's query and visible keys (see
 attention.cpp). `available()` says whether the kernel can be used; when it is False callers
@@ -31,6 +36,10 @@ from verispec.kernels.build import cpu_flags
 _lock = threading.Lock()
 _module = None
 _tried = False
+_vnni256 = None
+_vnni256_tried = False
+I8_ISAS = ("avx512-vnni", "avx-vnni")
+_isa_memo: dict[tuple[str | None, str | None], str | None] = {}
 
 
 def _get():
@@ -45,8 +54,28 @@ def _get():
     return _module
 
 
+def _get_vnni256():
+    global _vnni256, _vnni256_tried
+    if not _vnni256_tried:
+        with _lock:
+            if not _vnni256_tried:
+                from verispec.kernels.build import build_vnni256
+
+                _vnni256 = build_vnni256()
+                _vnni256_tried = True
+    return _vnni256
+
+
+def _forced_isa() -> str | None:
+    forced = os.environ.get("VERISPEC_I8_ISA") or None
+    if forced is not None and forced not in I8_ISAS:
+        raise ValueError(f"VERISPEC_I8_ISA={forced!r}: choose one of {', '.join(I8_ISAS)}")
+    return forced
+
+
 def available() -> bool:
-    return _get() is not None
+    """Whether the AVX-512 module runs (the bf16 kernels, attention, fused layers)."""
+    return _forced_isa() != "avx-vnni" and _get() is not None
 
 
 def _require():
@@ -56,11 +85,60 @@ def _require():
     return module
 
 
+def choose_i8_isa(flags: set[str], forced: str | None, avx512_module, vnni256_module) -> str | None:
+    """The integer path's instruction set: "avx512-vnni" where the CPU has AVX-512-VNNI
+    and the AVX-512 module runs, else "avx-vnni" where it has AVX-VNNI and the 256-bit
+    module builds, else None. `forced` (one of I8_ISAS) allows only that one; the
+    modules are callables saying whether each runs, asked only when needed."""
+    if forced != "avx-vnni" and "avx512_vnni" in flags and avx512_module():
+        return "avx512-vnni"
+    if forced != "avx512-vnni" and (forced == "avx-vnni" or "avx_vnni" in flags) and vnni256_module():
+        return "avx-vnni"
+    return None
+
+
+def i8_isa() -> str | None:
+    """Which module runs the integer path in this process (choose_i8_isa), or None:
+    then --weights auto takes the bf16 path. None under VERISPEC_NO_VNNI=1."""
+    key = (os.environ.get("VERISPEC_NO_VNNI"), os.environ.get("VERISPEC_I8_ISA"))
+    if key not in _isa_memo:
+        _isa_memo[key] = None if key[0] else choose_i8_isa(
+            cpu_flags(), _forced_isa(), available, lambda: _get_vnni256() is not None)
+    return _isa_memo[key]
+
+
+def i8_backend(isa: str):
+    """The module that runs the integer path on `isa` (one of I8_ISAS), whatever this
+    process chose, or None where it cannot run here: for tests and benchmarks that
+    run both on one pack (the packs are the same)."""
+    if isa not in I8_ISAS:
+        raise ValueError(f"unknown integer-path ISA {isa!r}; choose one of {', '.join(I8_ISAS)}")
+    if isa == "avx512-vnni":
+        return _get() if "avx512_vnni" in cpu_flags() else None
+    return _get_vnni256() if "avx_vnni" in cpu_flags() else None
+
+
+def _i8_module():
+    isa = i8_isa()
+    return _get() if isa == "avx512-vnni" else _get_vnni256() if isa == "avx-vnni" else None
+
+
+def _module_for(packed: torch.Tensor):
+    """The module that runs `packed`: the 256-bit one for an integer-path pack where it
+    runs the integer path, else the AVX-512 one. On the hot path of every linear():
+    where the 256-bit module was never built, one check; where the AVX-512 one is
+    absent, no environment read."""
+    if (_vnni256 is not None and packed.dtype == torch.uint8 and (_module is None or i8_isa() == "avx-vnni")
+            and _vnni256.is_quant_i8(packed)):
+        return _vnni256
+    return _require()
+
+
 def isa() -> str | None:
     """"amx" or "avx512-bf16": the instruction set every matmul of this process uses."""
-    module = _get()
-    if module is None:
+    if not available():
         return None
+    module = _get()
     from verispec.kernels.build import ISA_NAMES
 
     return ISA_NAMES[module.init()]
@@ -117,17 +195,17 @@ def pack_quant_cat(parts: list[tuple[torch.Tensor, int, int]], in_features: int)
 
 def quant_i8_types() -> frozenset[int]:
     """The ggml type ids with an integer path (pack_quant_i8): all of quant_types() on a
-    CPU with AVX-512-VNNI, none elsewhere or under VERISPEC_NO_VNNI=1."""
-    if "avx512_vnni" not in cpu_flags() or os.environ.get("VERISPEC_NO_VNNI"):
-        return frozenset()
-    return frozenset(_require().quant_i8_types())
+    CPU with AVX-512-VNNI or AVX-VNNI (i8_isa()), none elsewhere or under VERISPEC_NO_VNNI=1."""
+    module = _i8_module()
+    return frozenset(module.quant_i8_types()) if module is not None else frozenset()
 
 
 def pack_quant_i8(parts: list[tuple[torch.Tensor, int, int]], in_features: int) -> torch.Tensor:
     """pack_quant_cat's parts for the integer path: linear() then rounds each row of x
     to int8 (per 32 values, as llama.cpp's Q8_0; per 256 for the K-quants, as its Q8_K)
-    and sums each block's products exactly in int32 (AVX-512-VNNI). Faster than the
-    bf16 path, and as row-invariant, but its logits differ from it by that rounding."""
+    and sums each block's products exactly in int32 (AVX-512-VNNI or AVX-VNNI, with the
+    same bits). Faster than the bf16 path, and as row-invariant, but its logits differ
+    from it by that rounding."""
     have = quant_i8_types()
     for _, ggml_type, _ in parts:
         if int(ggml_type) not in have:
@@ -135,8 +213,8 @@ def pack_quant_i8(parts: list[tuple[torch.Tensor, int, int]], in_features: int) 
             raise ValueError(f"no integer kernel for ggml {name} (have: "
                              f"{', '.join(GGML_TYPE_NAMES[t] for t in sorted(have)) or 'none on this CPU'})")
     raws = [raw.reshape(-1).view(torch.uint8).contiguous() for raw, _, _ in parts]
-    return _require().pack_quant_i8(raws, [int(t) for _, t, _ in parts], [int(o) for _, _, o in parts],
-                                    int(in_features))
+    return _i8_module().pack_quant_i8(raws, [int(t) for _, t, _ in parts], [int(o) for _, _, o in parts],
+                                      int(in_features))
 
 
 def suffix_lookup(context, tokens, offset: int, live: int, heads: list[int], chains: list,
@@ -157,18 +235,18 @@ def is_quantized(packed: torch.Tensor) -> bool:
 
 def is_int8(packed: torch.Tensor) -> bool:
     """Whether `packed` came from pack_quant_i8: linear() rounds x to int8 for it."""
-    return is_quantized(packed) and _require().is_quant_i8(packed)
+    return is_quantized(packed) and _module_for(packed).is_quant_i8(packed)
 
 
 def embedding(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` (int64, any shape) of a quantized pack -> bf16 [*ids.shape, in],
     each value the bf16 that linear() multiplies by."""
-    return _require().embedding(packed, ids)
+    return _module_for(packed).embedding(packed, ids)
 
 
 def quant_shape(packed: torch.Tensor) -> tuple[int, int]:
     """(out_features, in_features) of a quantized pack."""
-    out, inp = _require().quant_shape(packed)
+    out, inp = _module_for(packed).quant_shape(packed)
     return out, inp
 
 
@@ -180,7 +258,7 @@ def dequantize(packed: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    return _require().linear(x, packed, out_features, bias)
+    return _module_for(packed).linear(x, packed, out_features, bias)
 
 
 def attend(q: torch.Tensor, caches: list[torch.Tensor], row_cache: torch.Tensor,

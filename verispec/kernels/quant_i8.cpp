@@ -1,6 +1,7 @@
-// The integer path's entry points (quant_i8.h says what it computes and why the
-// bits are row-invariant): the pack, x rounded to int8 per row, the matmul over
-// 64-output groups split across threads, and the embedding lookup.
+// The integer path's matmul on AVX-512-VNNI (quant_i8.h says what it computes and
+// why the bits are row-invariant): x rounded to int8 per row, the matmul over
+// 64-output groups split across threads. The pack and the embedding lookup are
+// layout code, in quant_i8_pack.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -38,61 +39,13 @@ float quantize_block(const uint16_t* src, int count, int8_t* dst) {
   return d;
 }
 
-int32_t sum_of(const int8_t* q, int count) {
-  int32_t sum = 0;
-  for (int e = 0; e < count; ++e) sum += q[e];
-  return sum;
-}
-
 }  // namespace
 
 Rows quantize_rows(const uint16_t* x, int64_t n, int64_t in, bool per32, bool per256) {
-  Rows rows;
-  rows.n = n;
-  rows.in = in;
-  if (per32) {
-    const int64_t blocks = in / 32;
-    rows.q32.resize(n * in);
-    rows.d32.resize(n * blocks);
-    rows.xs32.resize(n * blocks);
-    rows.s32.resize(n * blocks);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        int8_t* q = rows.q32.data() + r * in + b * 32;
-        const int64_t i = r * blocks + b;
-        rows.d32[i] = quantize_block(x + r * in + b * 32, 32, q);
-        rows.s32[i] = sum_of(q, 32);
-        rows.xs32[i] = rows.d32[i] * static_cast<float>(rows.s32[i]);
-      }
-    }
-  }
-  if (per256) {
-    const int64_t blocks = in / 256;
-    rows.q256.resize(n * in);
-    rows.d256.resize(n * blocks);
-    rows.sum16.resize(n * in / 16);
-    rows.sum32.resize(n * in / 32);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        rows.d256[r * blocks + b] = quantize_block(x + r * in + b * 256, 256, rows.q256.data() + r * in + b * 256);
-      }
-      for (int64_t s = 0; s < in / 16; ++s) rows.sum16[r * in / 16 + s] = sum_of(rows.q256.data() + r * in + 16 * s, 16);
-      for (int64_t s = 0; s < in / 32; ++s) {
-        rows.sum32[r * in / 32 + s] = rows.sum16[r * in / 16 + 2 * s] + rows.sum16[r * in / 16 + 2 * s + 1];
-      }
-    }
-  }
-  return rows;
+  return quantize_rows_by(quantize_block, x, n, in, per32, per256);
 }
 
 }  // namespace i8
-
-bool is_i8_pack(const at::Tensor& packed) { return is_stack<i8::Header>(packed, i8::kMagic); }
-
-void i8_shape(const at::Tensor& packed, int64_t* out, int64_t* in) {
-  *out = i8::view(packed).head->out;
-  *in = i8::view(packed).head->in;
-}
 
 void matmul_i8(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& y) {
   const i8::View v = i8::view(packed);
@@ -127,47 +80,4 @@ void matmul_i8(const at::Tensor& x, const at::Tensor& packed, const float* bias,
   });
 }
 
-void embedding_i8(const at::Tensor& packed, const int64_t* id, int64_t n, at::BFloat16* yp) {
-  const i8::View v = i8::view(packed);
-  const int64_t in = v.head->in;
-  at::parallel_for(0, n, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t g = id[r] / kGroupOut, j = (id[r] % kGroupOut) / kTileOut;
-      const int o = static_cast<int>(id[r] % kTileOut);
-      const i8::Format& f = *i8::find(v.type[g]);
-      for (int64_t b = 0; b < in / f.block; ++b) {
-        const uint8_t* tile = v.data + v.offset[g] + (b * kGroupTiles + j) * f.tile_bytes;
-        for (int k = 0; k < f.block; ++k) yp[r * in + b * f.block + k] = c10::BFloat16(f.weight(tile, o, k));
-      }
-    }
-  });
-}
-
 }  // namespace vs
-
-at::Tensor pack_quant_i8(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
-                         const std::vector<int64_t>& outs, int64_t in) {
-  using namespace vs;
-  std::vector<StackPart> parts;
-  bool per32 = false, per256 = false;
-  for (int64_t type : types) {
-    const i8::Format* f = i8::find(type);
-    TORCH_CHECK(f, "pack_quant_i8: ggml type ", type, " has no integer kernel");
-    parts.push_back({f->name, f->type, f->block, f->raw_bytes, f->tile_bytes, f->repack});
-    (f->block == 256 ? per256 : per32) = true;
-  }
-  Stacked st = pack_stack("pack_quant_i8", raws, parts, outs, in, sizeof(i8::Header));
-  const i8::Header head{i8::kMagic, st.out, in, st.groups, st.data_offset, per32, per256, 0};
-  std::memcpy(st.packed.data_ptr<uint8_t>(), &head, sizeof(head));
-  return st.packed;
-}
-
-bool is_quant_i8(const at::Tensor& packed) { return vs::is_i8_pack(packed); }
-
-std::vector<int64_t> quant_i8_types() {
-  int64_t count;
-  const vs::i8::Format* all = vs::i8::formats(&count);
-  std::vector<int64_t> types;
-  for (int64_t i = 0; i < count; ++i) types.push_back(all[i].type);
-  return types;
-}

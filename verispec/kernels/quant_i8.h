@@ -1,7 +1,8 @@
 // The integer path of a quantized product (--weights quant-i8), shared between its
-// files: quant_i8_pack.cpp (the tile layouts), quant_i8.cpp (activations, the
-// driver, the embedding), quant_i8_legacy.cpp (32-weight blocks), quant_i8_k.cpp
-// (256-weight K-quant super-blocks).
+// files: quant_i8_pack.cpp (the tile layouts, the pack, the embedding), quant_i8.cpp
+// (activations, the driver), quant_i8_legacy.cpp (32-weight blocks), quant_i8_k.cpp
+// (256-weight K-quant super-blocks); and with the AVX-VNNI module's
+// (quant_i8_vnni256.h), which reads the same packs with the same bits.
 //
 // Each row of x is rounded to int8 on its own, as llama.cpp rounds its activations:
 // per 32 values for the 32-weight formats (its Q8_0 / Q8_1), per 256 for the
@@ -76,6 +77,73 @@ struct Rows {
 };
 Rows quantize_rows(const uint16_t* x, int64_t n, int64_t in, bool per32, bool per256);
 
+inline int32_t sum_of(const int8_t* q, int count) {
+  int32_t sum = 0;
+  for (int e = 0; e < count; ++e) sum += q[e];
+  return sum;
+}
+
+// quantize_rows' frame, shared by both integer-path modules (build.py): each block of
+// `count` values of a row goes through quantize_block(src, count, dst) -> d, the
+// module's vector code for the one rule above; the sums are exact integers.
+template <class Block>
+Rows quantize_rows_by(Block quantize_block, const uint16_t* x, int64_t n, int64_t in, bool per32,
+                      bool per256) {
+  Rows rows;
+  rows.n = n;
+  rows.in = in;
+  if (per32) {
+    const int64_t blocks = in / 32;
+    rows.q32.resize(n * in);
+    rows.d32.resize(n * blocks);
+    rows.xs32.resize(n * blocks);
+    rows.s32.resize(n * blocks);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        int8_t* q = rows.q32.data() + r * in + b * 32;
+        const int64_t i = r * blocks + b;
+        rows.d32[i] = quantize_block(x + r * in + b * 32, 32, q);
+        rows.s32[i] = sum_of(q, 32);
+        rows.xs32[i] = rows.d32[i] * static_cast<float>(rows.s32[i]);
+      }
+    }
+  }
+  if (per256) {
+    const int64_t blocks = in / 256;
+    rows.q256.resize(n * in);
+    rows.d256.resize(n * blocks);
+    rows.sum16.resize(n * in / 16);
+    rows.sum32.resize(n * in / 32);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        rows.d256[r * blocks + b] = quantize_block(x + r * in + b * 256, 256, rows.q256.data() + r * in + b * 256);
+      }
+      for (int64_t s = 0; s < in / 16; ++s) rows.sum16[r * in / 16 + s] = sum_of(rows.q256.data() + r * in + 16 * s, 16);
+      for (int64_t s = 0; s < in / 32; ++s) {
+        rows.sum32[r * in / 32 + s] = rows.sum16[r * in / 16 + 2 * s] + rows.sum16[r * in / 16 + 2 * s + 1];
+      }
+    }
+  }
+  return rows;
+}
+
+// The 32-weight formats as both modules' kernels read their tiles: w = d * (q - off)
+// (+ m), q as the tile stores it (Q8_0: q + 128, off 128).
+struct Legacy {
+  int64_t type;
+  int64_t tile_bytes;
+  int off;
+  bool min;  // + m per output (Q4_1, Q5_1)
+  bool four;  // 4-bit quants, two steps a vector
+  bool five;  // plus a fifth bit per value, masks after the nibbles
+};
+
+constexpr Legacy kLegacy[] = {{2, 288, 8, false, true, false},
+                              {3, 320, 0, true, true, false},
+                              {6, 352, 16, false, true, true},
+                              {7, 384, 0, true, true, true},
+                              {8, 544, 128, false, false, false}};
+
 // Rows [r0, r0 + rows) of the 64-output group gd (its tiles [block][4]) in a
 // 32-weight format, over all `blocks`, into acc [n][4 tiles][16] (their rows).
 void legacy_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows,
@@ -84,6 +152,31 @@ void legacy_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x
 void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, float* acc);
 
 #define VS_I8_INLINE inline __attribute__((always_inline))
+
+// ---- The K-quant kernels' shared pieces (both modules) ----
+
+constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
+
+// The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
+// the first chunk's sweeps: issued all at once before a super-block, they stalled the
+// unpacking behind the load queue and the stream stopped while the VPDPBUSDs ran
+// (docs/notebook/quant_i8_kquant.md, round 3). `next` is null for later chunks.
+struct Ahead {
+  const char* next = nullptr;
+  int64_t lines = 0;  // per sub-block
+  VS_I8_INLINE void issue(int64_t step) const {
+    if (next == nullptr) return;
+    for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + 64 * (step * lines + l), _MM_HINT_T0);
+  }
+};
+
+// One chunk's rows at one super-block: their int8 values, sums and scale.
+template <int R>
+struct XBlock {
+  const int8_t* q[R];  // the super-block's 256 values
+  const int16_t* sums[R];  // its sums per 32 (Q4_K, Q5_K) or per 16 (Q6_K)
+  float d[R];
+};
 
 // Four int8 values of x as the broadcast operand of VPDPBUSD.
 VS_I8_INLINE __m512i bcast4(const void* p) {

@@ -24,21 +24,6 @@ namespace vs::i8 {
 namespace {
 
 constexpr int kMaxRows = 8;
-constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
-
-// The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
-// the first chunk's sweeps: issued all at once before a super-block, they stalled the
-// unpacking behind the load queue and the stream stopped while the VPDPBUSDs ran
-// (docs/notebook/quant_i8_kquant.md, round 3). `next` is null for later chunks.
-struct Ahead {
-  const char* next = nullptr;
-  int64_t lines = 0;  // per sub-block
-  VS_I8_INLINE void issue(int64_t step) const {
-    if (next == nullptr) return;
-    for (int64_t l = 0; l < lines; ++l) _mm_prefetch(next + 64 * (step * lines + l), _MM_HINT_T0);
-  }
-};
-
 VS_I8_INLINE __mmask64 mask64(const uint8_t* p) {
   uint64_t m;
   std::memcpy(&m, p, 8);
@@ -49,14 +34,6 @@ VS_I8_INLINE __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
 VS_I8_INLINE __m512 halves(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-
-// One chunk's rows at one super-block: their int8 values, sums and scale.
-template <int R>
-struct XBlock {
-  const int8_t* q[R];  // the super-block's 256 values
-  const int16_t* sums[R];  // its sums per 32 (Q4_K, Q5_K) or per 16 (Q6_K)
-  float d[R];
-};
 
 // y += float(total) * (d_w * d_x) for the R x T accumulators at acc (row stride 64).
 template <int R, int T>

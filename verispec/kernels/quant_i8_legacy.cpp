@@ -10,22 +10,6 @@
 namespace vs::i8 {
 namespace {
 
-// w = d * (q - off) (+ m): the quant as the tile stores it (Q8_0: q + 128, off 128).
-struct Legacy {
-  int64_t type;
-  int64_t tile_bytes;
-  int off;
-  bool min;  // + m per output (Q4_1, Q5_1)
-  bool four;  // 4-bit quants, two steps a vector
-  bool five;  // plus a fifth bit per value, masks after the nibbles
-};
-
-constexpr Legacy kLegacy[] = {{2, 288, 8, false, true, false},
-                              {3, 320, 0, true, true, false},
-                              {6, 352, 16, false, true, true},
-                              {7, 384, 0, true, true, true},
-                              {8, 544, 128, false, false, false}};
-
 VS_I8_INLINE __mmask64 mask64(const uint8_t* p) {
   uint64_t m;
   std::memcpy(&m, p, 8);

@@ -1,5 +1,7 @@
 // The integer path's tile layouts (quant_i8.h): one repack per format, done once at
-// load, and each format's weight as gguf computes it (for the embedding).
+// load, each format's weight as gguf computes it, and the entry points that are
+// layout code (the pack, its shape, the embedding lookup). Plain C++, no vector code:
+// both integer-path modules compile this file (build.py).
 //
 // Quant bytes, in VPDPBUSD's order (byte 4o + j of step c: output o at k = 4c + j):
 //   4-bit: 64-byte vector v holds steps 8 (v / 4) + v % 4 (low nibbles) and
@@ -16,8 +18,12 @@
 // Sizes per 16 outputs x one block, against the raw file: Q4_0 288 (= raw), Q4_1 320
 // (=), Q5_0 352 (=), Q5_1 384 (=), Q8_0 544 (=), Q4_K 2368 (+2.8%), Q5_K 2880
 // (+2.3%), Q6_K 3360 (=).
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
 #include <iterator>
 
+#include "kernels.h"
 #include "quant_formats.h"
 #include "quant_i8.h"
 
@@ -212,3 +218,57 @@ const Format* formats(int64_t* count) {
 const Format* find(int64_t type) { return quant::find_type(kFormats, type); }
 
 }  // namespace vs::i8
+
+namespace vs {
+
+bool is_i8_pack(const at::Tensor& packed) { return is_stack<i8::Header>(packed, i8::kMagic); }
+
+void i8_shape(const at::Tensor& packed, int64_t* out, int64_t* in) {
+  *out = i8::view(packed).head->out;
+  *in = i8::view(packed).head->in;
+}
+
+void embedding_i8(const at::Tensor& packed, const int64_t* id, int64_t n, at::BFloat16* yp) {
+  const i8::View v = i8::view(packed);
+  const int64_t in = v.head->in;
+  at::parallel_for(0, n, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t g = id[r] / kGroupOut, j = (id[r] % kGroupOut) / kTileOut;
+      const int o = static_cast<int>(id[r] % kTileOut);
+      const i8::Format& f = *i8::find(v.type[g]);
+      for (int64_t b = 0; b < in / f.block; ++b) {
+        const uint8_t* tile = v.data + v.offset[g] + (b * kGroupTiles + j) * f.tile_bytes;
+        for (int k = 0; k < f.block; ++k) yp[r * in + b * f.block + k] = c10::BFloat16(f.weight(tile, o, k));
+      }
+    }
+  });
+}
+
+}  // namespace vs
+
+at::Tensor pack_quant_i8(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
+                         const std::vector<int64_t>& outs, int64_t in) {
+  using namespace vs;
+  std::vector<StackPart> parts;
+  bool per32 = false, per256 = false;
+  for (int64_t type : types) {
+    const i8::Format* f = i8::find(type);
+    TORCH_CHECK(f, "pack_quant_i8: ggml type ", type, " has no integer kernel");
+    parts.push_back({f->name, f->type, f->block, f->raw_bytes, f->tile_bytes, f->repack});
+    (f->block == 256 ? per256 : per32) = true;
+  }
+  Stacked st = pack_stack("pack_quant_i8", raws, parts, outs, in, sizeof(i8::Header));
+  const i8::Header head{i8::kMagic, st.out, in, st.groups, st.data_offset, per32, per256, 0};
+  std::memcpy(st.packed.data_ptr<uint8_t>(), &head, sizeof(head));
+  return st.packed;
+}
+
+bool is_quant_i8(const at::Tensor& packed) { return vs::is_i8_pack(packed); }
+
+std::vector<int64_t> quant_i8_types() {
+  int64_t count;
+  const vs::i8::Format* all = vs::i8::formats(&count);
+  std::vector<int64_t> types;
+  for (int64_t i = 0; i < count; ++i) types.push_back(all[i].type);
+  return types;
+}

@@ -61,4 +61,8 @@ void advise_huge_pages(void* data, int64_t bytes);
 Stacked pack_stack(const char* who, const std::vector<at::Tensor>& raws, const std::vector<StackPart>& parts,
                    const std::vector<int64_t>& outs, int64_t in, size_t header_bytes);
 
+// An embedding's output for `ids` (int64, contiguous, each checked to be in [0, out)):
+// an empty bf16 [*ids.shape, in].
+at::Tensor embedding_rows(const at::Tensor& ids, int64_t out, int64_t in);
+
 }  // namespace vs

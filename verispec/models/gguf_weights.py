@@ -119,10 +119,12 @@ class _Builder:
     def __init__(self, gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.dtype,
                  device: torch.device, int8: bool = False) -> None:
         self.gf, self.spec, self.quant, self.dtype, self.device = gf, spec, quant, dtype, device
-        self.kernel_types = set(kernels.quant_types()) if quant else set()
         # int8: the formats with an integer path take it (pack_quant_i8: all of the
-        # kernels' formats); a stack mixing one without it keeps the bf16 path.
+        # kernels' formats); a stack mixing one without it keeps the bf16 path, which
+        # a CPU with AVX-VNNI and no AVX-512 lacks (its tensors then run dense).
         self.i8_types = set(kernels.quant_i8_types()) if quant and int8 else set()
+        bf16_path = set(kernels.quant_types()) if quant and kernels.available() else set()
+        self.kernel_types = bf16_path or self.i8_types
         self.kind = "dense" if not quant else "quant-i8" if int8 else "quant"
         self.permuted = spec.model_type in _PERMUTED
         self.parts: list[tuple[str, int | None, bytes]] = []
@@ -286,11 +288,11 @@ def gguf_name(hf_key: str) -> str:
     return f"blk.{layer}.{part}.{kind}"
 
 
-def _check_quant(quant: bool, dtype: torch.dtype, device: torch.device) -> None:
-    if quant and (dtype != torch.bfloat16 or device.type != "cpu" or not kernels.available()):
+def _check_quant(quant: bool, dtype: torch.dtype, device: torch.device, int8: bool) -> None:
+    on = kernels.available() or (int8 and bool(kernels.quant_i8_types()))
+    if quant and (dtype != torch.bfloat16 or device.type != "cpu" or not on):
         raise ValueError("quantized GGUF weights run in bf16 on verispec's CPU kernels "
-                         f"(here: {dtype}, {device}, kernels "
-                         f"{'on' if kernels.available() else 'off'}); use --weights dense")
+                         f"(here: {dtype}, {device}, kernels {'on' if on else 'off'}); use --weights dense")
 
 
 def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.dtype,
@@ -298,8 +300,8 @@ def load_gguf_weights(gf: GGUFFile, spec: LlamaSpec, quant: bool, dtype: torch.d
     """The native weights of `gf`. quant=True packs quantized tensors for the
     kernels (bf16 on CPU only); quant=False dequantizes every tensor to `dtype`.
     int8 (with quant): the blocks take the kernels' integer path (every format the
-    kernels have, on AVX-512-VNNI)."""
-    _check_quant(quant, dtype, device)
+    kernels have, on AVX-512-VNNI or AVX-VNNI: kernels.i8_isa())."""
+    _check_quant(quant, dtype, device, int8)
     b = _Builder(gf, spec, quant, dtype, device, int8)
     names = layer_names(gf.metadata.get("general.architecture"))
     heads, kv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim

@@ -2,7 +2,7 @@
 directory (safetensors), or a GGUF file.
 
 A GGUF file runs as it is where verispec's kernels build (weights="auto": the
-integer path "quant-i8" on AVX-512-VNNI, else "quant", whose logits are the dense
+integer path "quant-i8" on AVX-512-VNNI or AVX-VNNI, else "quant", whose logits are the dense
 bf16 ones): its blocks are memory-mapped and packed for the kernels, and
 only its tokenizer is cached (a few MB). weights="dense" takes the older path,
 also the fallback: transformers dequantizes the file once into a dense
@@ -247,14 +247,25 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None
     return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
 
 
-def auto_quant_kind() -> str:
+def auto_quant_kind() -> str | None:
     """The kernels' path weights="auto" takes for a GGUF file's blocks: "quant-i8"
-    (int8 activations, llama.cpp's arithmetic) where the CPU has AVX-512-VNNI, since
-    speculation is bit-exact against plain decoding on either path and the integer
-    one is faster; else "quant" (the dense bf16 logits)."""
+    (int8 activations, llama.cpp's arithmetic) where the CPU has AVX-512-VNNI or
+    AVX-VNNI (kernels.i8_isa()), since speculation is bit-exact against plain decoding
+    on either path and the integer one is faster; else "quant" (the dense bf16 logits)
+    where the AVX-512 kernels run; else None (dense)."""
     from verispec import kernels
 
-    return "quant-i8" if kernels.available() and kernels.quant_i8_types() else "quant"
+    if kernels.quant_i8_types():
+        return "quant-i8"
+    return "quant" if kernels.available() else None
+
+
+def weights_label(kind: str) -> str:
+    """The stats line's weights=: the kind, with "/avx-vnni" where the integer path runs
+    on the 256-bit module (a CPU with AVX-VNNI and no AVX-512, or VERISPEC_I8_ISA)."""
+    from verispec import kernels
+
+    return f"{kind}/avx-vnni" if kind == "quant-i8" and kernels.i8_isa() == "avx-vnni" else kind
 
 
 def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
@@ -262,7 +273,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
     """The GGUF file in its blocks on the kernels, or None where weights="auto"
     cannot have that (no kernels, not bf16 on CPU, an architecture the native
     backend lacks); weights="quant" or "quant-i8" then raises the reason instead.
-    auto takes the integer path (quant-i8) where the CPU has AVX-512-VNNI, else quant."""
+    auto takes auto_quant_kind()'s path."""
     from verispec import kernels
     from verispec.models.gguf_arch import parse_arch
     from verispec.models.gguf_file import GGUFError, GGUFFile
@@ -271,17 +282,20 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
 
     gf = GGUFFile(gguf)  # GGUFError for a broken file, whatever `weights` says
     dev = resolve_device(device)
+    kind = auto_quant_kind() if weights == "auto" else weights
     torch_dtype = resolve_dtype(dtype, dev)
+    if dtype in (None, "auto") and dev.type == "cpu" and kind == "quant-i8":
+        torch_dtype = torch.bfloat16  # the integer path's activations, with or without native bf16
     reason = None
     if backend == "hf":
         reason = "--backend hf runs transformers' dense weights"
     elif dev.type != "cpu" or torch_dtype != torch.bfloat16:
         reason = f"quantized weights run in bf16 on CPU, not {torch_dtype} on {dev}"
-    elif not kernels.available():
-        reason = "verispec's CPU kernels are off on this machine (see the warning above)"
-    elif weights == "quant-i8" and not kernels.quant_i8_types():
-        reason = ("the integer path needs AVX-512-VNNI, which this CPU lacks"
+    elif kind == "quant-i8" and not kernels.quant_i8_types():
+        reason = ("the integer path needs AVX-512-VNNI or AVX-VNNI, which this CPU lacks"
                   + (" (VERISPEC_NO_VNNI is set)" if os.environ.get("VERISPEC_NO_VNNI") else ""))
+    elif kind != "quant-i8" and not kernels.available():
+        reason = "verispec's CPU kernels are off on this machine (see the warning above)"
     else:
         try:
             parse_arch(hf_config(gf))
@@ -293,7 +307,7 @@ def _load_quant(gguf: Path, weights: str, backend: str, dtype, device,
         if weights != "auto":
             raise ValueError(f"--weights {weights}: {reason}; use --weights dense")
         return None
-    int8 = (auto_quant_kind() if weights == "auto" else weights) == "quant-i8"
+    int8 = kind == "quant-i8"
     target = native_from_gguf(gf, torch_dtype, dev, quant=True, batch_invariant=batch_invariant,
                               int8=int8)
     tokenizer = gguf_tokenizer(gguf, metadata=gf.metadata)
@@ -340,8 +354,8 @@ def load_target(source: str | None, backend: str = "auto", dtype: str | torch.dt
     where it supports the architecture and falls back to transformers.
     `weights` (GGUF files): quant runs the blocks in the kernels with the dense
     logits, quant-i8 on their integer path (int8 activations, as llama.cpp), dense
-    the dequantized matrices; auto quant-i8 where the CPU has AVX-512-VNNI, else
-    quant where the kernels build, else dense."""
+    the dequantized matrices; auto quant-i8 where the CPU has AVX-512-VNNI or
+    AVX-VNNI, else quant where the kernels build, else dense."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if weights not in WEIGHTS:
