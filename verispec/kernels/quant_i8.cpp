@@ -68,8 +68,7 @@ void matmul_i8(const at::Tensor& x, const at::Tensor& packed, const float* bias,
         std::fill(acc.begin(), acc.end(), 0.0f);
         i8::k_group(f->type, gd, in / 256, rows, acc.data());
       } else {
-        constexpr int64_t kChunk = 6;  // rows per pass of the 32-weight kernels (quant_i8_legacy.cpp)
-        const int64_t chunks = (n + kChunk - 1) / kChunk;
+        const int64_t chunks = (n + i8::kLegacyMaxRows - 1) / i8::kLegacyMaxRows;
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t r0 = c * n / chunks, count = (c + 1) * n / chunks - r0;
           i8::legacy_group(f->type, gd, in / 32, rows, r0, count, acc.data() + r0 * kGroupOut);

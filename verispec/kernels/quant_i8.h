@@ -145,7 +145,9 @@ constexpr Legacy kLegacy[] = {{2, 288, 8, false, true, false},
                               {8, 544, 128, false, false, false}};
 
 // Rows [r0, r0 + rows) of the 64-output group gd (its tiles [block][4]) in a
-// 32-weight format, over all `blocks`, into acc [n][4 tiles][16] (their rows).
+// 32-weight format, over all `blocks`, into acc [n][4 tiles][16] (their rows);
+// rows <= kLegacyMaxRows (the driver splits more into balanced chunks).
+constexpr int kLegacyMaxRows = 6;
 void legacy_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows,
                   float* acc);
 // All n rows of a K-quant group, into acc [n][4 tiles][16], which must start at 0.

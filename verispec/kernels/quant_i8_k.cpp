@@ -14,9 +14,9 @@
 // in chunks of at most kMaxRows. A super-block of a group (9-13 KiB) is read from
 // DRAM once and stays in L1 for every chunk and sweep; each tile is unpacked once per
 // chunk, and the float accumulators live in acc between super-blocks.
-#include <utility>
 
 #include "quant_i8.h"
+#include "quant_i8_dispatch.h"
 
 #pragma GCC target("avx512vnni")
 
@@ -188,7 +188,7 @@ constexpr int tiles_for(int rows) { return rows <= 2 ? 4 : 2; }
 template <int Type, int R>
 void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {
   constexpr int T = tiles_for(R);
-  constexpr int64_t tb = Type == 12 ? 2368 : Type == 13 ? 2880 : 3360;
+  constexpr int64_t tb = k_tile_bytes(Type);
   constexpr int64_t steps = (kGroupTiles / T) * (Type == 14 ? 16 : 8);
   const Ahead ahead{next, (kGroupTiles * tb / 64 + steps - 1) / steps};
   XBlock<R> xb;
@@ -209,35 +209,17 @@ void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* ac
   }
 }
 
-template <int Type, int... Rs>
-void chunk_rows(const uint8_t* block, const Rows& x, int64_t r0, int64_t rows, int64_t b, float* acc,
-                const char* next, std::integer_sequence<int, Rs...>) {
-  ((rows == Rs + 1 ? chunk<Type, Rs + 1>(block, x, r0, b, acc, next) : void()), ...);
-}
-
-template <int Type>
-void group(const uint8_t* gd, int64_t blocks, const Rows& x, float* acc) {
-  constexpr int64_t block_bytes = kGroupTiles * (Type == 12 ? 2368 : Type == 13 ? 2880 : 3360);
-  const int64_t chunks = (x.n + kMaxRows - 1) / kMaxRows;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = gd + b * block_bytes;
-    const char* next = reinterpret_cast<const char*>(block + kAheadBytes);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r0 = c * x.n / chunks, rows = (c + 1) * x.n / chunks - r0;
-      chunk_rows<Type>(block, x, r0, rows, b, acc, c == 0 ? next : nullptr,
-                       std::make_integer_sequence<int, kMaxRows>());
-    }
+template <int Type, int R>
+struct Chunk {
+  static void run(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {
+    chunk<Type, R>(block, x, r0, b, acc, next);
   }
-}
+};
 
 }  // namespace
 
 void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, float* acc) {
-  switch (type) {
-    case 12: group<12>(gd, blocks, x, acc); break;
-    case 13: group<13>(gd, blocks, x, acc); break;
-    default: group<14>(gd, blocks, x, acc); break;
-  }
+  k_dispatch<Chunk, kMaxRows>(type, gd, blocks, x, acc);
 }
 
 }  // namespace vs::i8

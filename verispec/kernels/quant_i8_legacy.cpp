@@ -1,9 +1,9 @@
 // The integer path's 32-weight formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), with x per 32
 // values: per block, y += float(isum - off * sum(q_x)) * (d_w * d_x), and for the
 // formats with a minimum also + m_w * (d_x * sum(q_x)), in that order.
-#include <iterator>
 
 #include "quant_i8.h"
+#include "quant_i8_dispatch.h"
 
 #pragma GCC target("avx512vnni")
 
@@ -96,30 +96,18 @@ void group_rows(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, fl
   for (int j0 = 0; j0 < kGroupTiles; j0 += T) sweep<Fi, R, T>(gd, blocks, x, r0, j0, acc);
 }
 
-template <int Fi>
-void group_chunk(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows, float* acc) {
-  switch (rows) {
-    case 1: group_rows<Fi, 1>(gd, blocks, x, r0, acc); break;
-    case 2: group_rows<Fi, 2>(gd, blocks, x, r0, acc); break;
-    case 3: group_rows<Fi, 3>(gd, blocks, x, r0, acc); break;
-    case 4: group_rows<Fi, 4>(gd, blocks, x, r0, acc); break;
-    case 5: group_rows<Fi, 5>(gd, blocks, x, r0, acc); break;
-    default: group_rows<Fi, 6>(gd, blocks, x, r0, acc); break;
+template <int Fi, int R>
+struct GroupRows {
+  static void run(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, float* acc) {
+    group_rows<Fi, R>(gd, blocks, x, r0, acc);
   }
-}
+};
 
 }  // namespace
 
 void legacy_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows,
                   float* acc) {
-  static_assert(std::size(kLegacy) == 5, "legacy_group dispatches five formats");
-  switch (type) {
-    case kLegacy[0].type: group_chunk<0>(gd, blocks, x, r0, rows, acc); break;
-    case kLegacy[1].type: group_chunk<1>(gd, blocks, x, r0, rows, acc); break;
-    case kLegacy[2].type: group_chunk<2>(gd, blocks, x, r0, rows, acc); break;
-    case kLegacy[3].type: group_chunk<3>(gd, blocks, x, r0, rows, acc); break;
-    default: group_chunk<4>(gd, blocks, x, r0, rows, acc); break;
-  }
+  legacy_dispatch<GroupRows, kLegacyMaxRows>(type, gd, blocks, x, r0, rows, acc);
 }
 
 }  // namespace vs::i8

@@ -86,8 +86,7 @@ void matmul(const at::Tensor& x, const at::Tensor& packed, const float* bias, at
       if (f->block == 256) {
         v256::k_group(f->type, gd, in / 256, rows, acc.data());
       } else {
-        constexpr int64_t kChunk = 4;  // rows per pass (quant_i8_vnni256_legacy.cpp)
-        const int64_t chunks = (n + kChunk - 1) / kChunk;
+        const int64_t chunks = (n + v256::kLegacyMaxRows - 1) / v256::kLegacyMaxRows;
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t r0 = c * n / chunks, count = (c + 1) * n / chunks - r0;
           v256::legacy_group(f->type, gd, in / 32, rows, r0, count, acc.data() + r0 * kGroupOut);

@@ -26,6 +26,7 @@ namespace vs::i8::v256 {
 constexpr int kHalves = 2 * kGroupTiles;  // 8-output halves per 64-output group
 constexpr int kHalfOut = 8;
 
+constexpr int kLegacyMaxRows = 4;  // rows a pass of the 32-weight kernels
 // Rows [r0, r0 + rows) of a 32-weight-format group over all `blocks`, into acc
 // [n][4 tiles][16] (their rows), which must start at 0.
 void legacy_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows,

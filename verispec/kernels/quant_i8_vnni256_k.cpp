@@ -5,15 +5,14 @@
 //   Q6_K: y += float(total - 32 * sum_s sc_s * X_s) * (d * d_x).
 // Loop order as there: super-blocks outer, then the group's halves H at a time, then
 // the rows in chunks of at most kMaxRows; a super-block of a group stays in L1.
-#include <utility>
 
 #include "quant_i8_vnni256.h"
+#include "quant_i8_dispatch.h"
 
 namespace vs::i8::v256 {
 namespace {
 
 constexpr int kMaxRows = 4;
-constexpr int64_t tile_bytes(int type) { return type == 12 ? 2368 : type == 13 ? 2880 : 3360; }
 
 // A super-block's integer sums per row and half, in L1: the sub-block sums and the
 // unpacked weights fill the 16 vector registers.
@@ -33,7 +32,7 @@ struct Half {
   int side;
 };
 template <int Type>
-VS_I8_INLINE Half half_at(const uint8_t* t0, int q) { return {t0 + (q / 2) * tile_bytes(Type), q % 2}; }
+VS_I8_INLINE Half half_at(const uint8_t* t0, int q) { return {t0 + (q / 2) * k_tile_bytes(Type), q % 2}; }
 
 // y += float(total) * (d_w * d_x) for half q of R rows (acc: the chunk's rows, stride 64).
 VS_I8_INLINE void scale_into(float* a, __m256i total, __m256 dw, float dx) {
@@ -165,7 +164,7 @@ template <int Type, int R>
 void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {
   constexpr int H = halves_for(R);
   constexpr int64_t steps = (kHalves / H) * (Type == 14 ? 16 : 8);
-  const Ahead ahead{next, (kGroupTiles * tile_bytes(Type) / 64 + steps - 1) / steps};
+  const Ahead ahead{next, (kGroupTiles * k_tile_bytes(Type) / 64 + steps - 1) / steps};
   XBlock<R> xb;
   const int64_t in = x.in, blocks = in / 256;
   for (int r = 0; r < R; ++r) {
@@ -184,35 +183,17 @@ void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* ac
   }
 }
 
-template <int Type, int... Rs>
-void chunk_rows(const uint8_t* block, const Rows& x, int64_t r0, int64_t rows, int64_t b, float* acc,
-                const char* next, std::integer_sequence<int, Rs...>) {
-  ((rows == Rs + 1 ? chunk<Type, Rs + 1>(block, x, r0, b, acc, next) : void()), ...);
-}
-
-template <int Type>
-void group(const uint8_t* gd, int64_t blocks, const Rows& x, float* acc) {
-  constexpr int64_t block_bytes = kGroupTiles * tile_bytes(Type);
-  const int64_t chunks = (x.n + kMaxRows - 1) / kMaxRows;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = gd + b * block_bytes;
-    const char* next = reinterpret_cast<const char*>(block + kAheadBytes);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r0 = c * x.n / chunks, rows = (c + 1) * x.n / chunks - r0;
-      chunk_rows<Type>(block, x, r0, rows, b, acc, c == 0 ? next : nullptr,
-                       std::make_integer_sequence<int, kMaxRows>());
-    }
+template <int Type, int R>
+struct Chunk {
+  static void run(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {
+    chunk<Type, R>(block, x, r0, b, acc, next);
   }
-}
+};
 
 }  // namespace
 
 void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, float* acc) {
-  switch (type) {
-    case 12: group<12>(gd, blocks, x, acc); break;
-    case 13: group<13>(gd, blocks, x, acc); break;
-    default: group<14>(gd, blocks, x, acc); break;
-  }
+  k_dispatch<Chunk, kMaxRows>(type, gd, blocks, x, acc);
 }
 
 }  // namespace vs::i8::v256

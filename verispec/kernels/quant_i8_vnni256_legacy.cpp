@@ -2,9 +2,9 @@
 // per-block steps on 8-output halves of its tiles, in its order per output:
 // y += float(isum - off * sum(q_x)) * (d_w * d_x), then for the formats with a
 // minimum y += m_w * (d_x * sum(q_x)).
-#include <iterator>
 
 #include "quant_i8_vnni256.h"
+#include "quant_i8_dispatch.h"
 
 namespace vs::i8::v256 {
 namespace {
@@ -95,28 +95,18 @@ void group_rows(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, fl
   for (int h0 = 0; h0 < kHalves; h0 += H) sweep<Fi, R, H>(gd, blocks, x, r0, h0, acc);
 }
 
-template <int Fi>
-void group_chunk(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows, float* acc) {
-  switch (rows) {
-    case 1: group_rows<Fi, 1>(gd, blocks, x, r0, acc); break;
-    case 2: group_rows<Fi, 2>(gd, blocks, x, r0, acc); break;
-    case 3: group_rows<Fi, 3>(gd, blocks, x, r0, acc); break;
-    default: group_rows<Fi, 4>(gd, blocks, x, r0, acc); break;
+template <int Fi, int R>
+struct GroupRows {
+  static void run(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, float* acc) {
+    group_rows<Fi, R>(gd, blocks, x, r0, acc);
   }
-}
+};
 
 }  // namespace
 
 void legacy_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows,
                   float* acc) {
-  static_assert(std::size(kLegacy) == 5, "legacy_group dispatches five formats");
-  switch (type) {
-    case kLegacy[0].type: group_chunk<0>(gd, blocks, x, r0, rows, acc); break;
-    case kLegacy[1].type: group_chunk<1>(gd, blocks, x, r0, rows, acc); break;
-    case kLegacy[2].type: group_chunk<2>(gd, blocks, x, r0, rows, acc); break;
-    case kLegacy[3].type: group_chunk<3>(gd, blocks, x, r0, rows, acc); break;
-    default: group_chunk<4>(gd, blocks, x, r0, rows, acc); break;
-  }
+  legacy_dispatch<GroupRows, kLegacyMaxRows>(type, gd, blocks, x, r0, rows, acc);
 }
 
 }  // namespace vs::i8::v256
