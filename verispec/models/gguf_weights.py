@@ -363,7 +363,7 @@ def read_gguf(source: "str | Path | GGUFFile", dtype: torch.dtype, device: torch
     if gemma is None:
         weights = load_gguf_weights(gf, spec, quant, dtype, device, quiet=quiet, int8=int8)
         return GGUFModel(gf.path, spec, weights, eos_ids)
-    _check_quant(quant, dtype, device)
+    _check_quant(quant, dtype, device, int8)
     b = _Builder(gf, spec, quant, dtype, device, int8)
     weights, norms = load_gemma_gguf(b, spec)
     if not quiet:
