@@ -78,7 +78,7 @@ def suffix_store() -> dict:
     for scheduler in SCHEDULERS:
         store = scheduler.build.__self__.suffix_store
         stats = store.stats()
-        shape = store.read(lambda index: (len(index.tokens),
+        shape = store.read(lambda index: (getattr(index, "size", len(index.tokens)),
                                           sum(len(d) for d in index.newest.values())))
         for key, value in zip(out, (stats.memory_bytes, stats.requests, stats.tokens,
                                     stats.index_entries, *shape)):
