@@ -51,17 +51,19 @@ def test_store_matches_equal_a_full_scan():
             assert store._index.continuation(position, 3) == sequences[s][i + 1:i + 4]
 
 
-def test_store_reads_the_newest_live_occurrences_past_evictions():
+@pytest.mark.parametrize("vocab", [4, 60])
+def test_store_reads_the_newest_live_occurrences_past_evictions(vocab):
     """With eviction and a small `recent`, a lookup finds exactly the newest `recent`
     occurrences of the longest anchor among the outputs still cached (a full scan of
-    the live outputs), however many outputs came and went."""
+    the live outputs), however many outputs came and went; with 60 token ids the dead
+    anchors fill the store's anchor tables, which are cleared and filled again."""
     rng = random.Random(2)
     store = SuffixStore(max_requests=12, max_tokens=150, max_depth=8, recent=5)
     for step in range(2000):
-        store.add([rng.randrange(4) for _ in range(rng.randrange(1, 25))])
+        store.add([rng.randrange(vocab) for _ in range(rng.randrange(1, 25))])
         if step % 25:
             continue
-        context = [rng.randrange(4) for _ in range(rng.randrange(1, 12))]
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
         live = store.sequences()
         starts = [start for start, _ in store._index.bounds]
         newest = sorted(_scan(live, context, 8).items(), reverse=True)[:5]
@@ -88,6 +90,30 @@ def test_a_large_store_adds_nothing_for_the_garbage_collector_to_walk():
     assert twin.sequences() == store.sequences()
     twin.add([1, 2, 3])
     assert len(twin.sequences()) == len(store.sequences()) + 1
+
+
+def test_store_takes_its_memory_with_the_first_output_and_never_moves_it():
+    """A long-running server's store fills for tens of minutes; growing containers would
+    move their blocks up the heaps all that time (docs/notebook/soak_rss.md, round 2).
+    The store allocates its bounds with its first output and writes in place from then
+    on: through filling, evictions, moves of the live part over evicted outputs and sweeps
+    of the anchor tables, no buffer is reallocated and the memory stays as it was."""
+    rng = random.Random(4)
+    store = SuffixStore(max_requests=100, max_tokens=2000)
+    empty = store.stats().memory_bytes
+    store.add([1, 2, 3])
+    index = store._index
+    buffers = [index.tokens, *index.previous.values()]
+    buffers += [b for table in index.newest.values() for b in (table.keys, table.positions)]
+    addresses = [b.buffer_info() for b in buffers]
+    first = store.stats().memory_bytes
+    for _ in range(3000):
+        store.add([rng.randrange(500) for _ in range(rng.randrange(1, 80))])
+    assert store._index is index and index.offset > 0  # the live part moved down
+    assert store.inserted - store.stats().requests > 2900  # outputs evicted
+    assert [b.buffer_info() for b in buffers] == addresses
+    # Only the deque of the outputs' bounds grows, with the outputs kept (one tuple each).
+    assert first < store.stats().memory_bytes < first + 8 * 1024 and first > 10 * empty
 
 
 def test_open_sequence_indexes_as_it_grows():

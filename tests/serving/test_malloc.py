@@ -14,15 +14,11 @@ from verispec.serving import malloc
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 # Frees a 31 MiB block (mmapped at first: glibc then adapts its thresholds to it), then
-# allocates, touches and frees 30 MiB blocks; prints how many KiB the RSS kept.
-# The module is loaded from its file so that the child imports neither torch nor verispec.
-_CHILD = """
-import ctypes, importlib.util, sys
-spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-if sys.argv[2] == "fixed":
-    assert module.fix_thresholds()
+# allocates, touches and frees 30 MiB blocks; leaves in `kept` how many KiB the RSS kept.
+# Plain ctypes: it runs in a child that imports neither torch nor verispec, and in a Ray
+# replica (test_ray_serve.py).
+KEPT_KIB = """
+import ctypes
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -38,8 +34,17 @@ for size in (31 << 20, 30 << 20, 30 << 20):
     block = libc.malloc(size)
     libc.memset(block, 1, size)
     libc.free(block)
-print(rss_kib() - before)
+kept = rss_kib() - before
 """
+# The module is loaded from its file so that the child imports neither torch nor verispec.
+_CHILD = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+if sys.argv[2] == "fixed":
+    assert module.fix_thresholds()
+""" + KEPT_KIB + "print(kept)\n"
 
 
 def kept_kib(mode: str) -> int:

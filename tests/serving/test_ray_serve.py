@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import platform
 import re
 import socket
 import threading
@@ -17,8 +18,10 @@ import pytest
 import ray
 from ray import serve
 from ray_support import PREFIX, SETTINGS, free_port, get, post, small_model_dir
+from test_malloc import KEPT_KIB
 
 from verispec import Engine
+from verispec.serving import malloc
 from verispec.serving.protocol import ServeDefaults
 from verispec.serving.ray_app import build_app
 from verispec.serving.scheduler import SchedulerConfig
@@ -158,6 +161,24 @@ def test_health_and_metrics_cover_every_replica(ray_app, model_dir):
     total = next(float(line.split()[-1]) for line in text.splitlines()
                  if line.startswith('verispec_requests_total{outcome="finished"}'))
     assert len(per) == 2 and all(v > 0 for v in per.values()) and sum(per.values()) == total
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_replicas_fix_the_malloc_thresholds(ray_app):
+    """Each replica sets glibc's thresholds at start-up, as `verispec serve` does: in its
+    process a freed heap top goes back to the system (test_malloc.py's check, run there)."""
+    def kept_kib(_replica, code=KEPT_KIB) -> int:
+        scope: dict = {}
+        exec(code, scope)
+        return scope["kept"]
+
+    replicas = [ray.get_actor(entry["name"], namespace=entry["namespace"])
+                for entry in ray.util.list_named_actors(all_namespaces=True)
+                if "#VerispecReplica#" in entry["name"]]
+    assert len(replicas) == 2
+    for replica in replicas:
+        kept = ray.get(replica.__ray_call__.remote(kept_kib), timeout=60)
+        assert kept < (malloc.TOP_PAD + malloc.TRIM_THRESHOLD) // 1024, kept
 
 
 def replica_of(port: int, body: dict) -> str:

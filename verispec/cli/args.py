@@ -169,7 +169,7 @@ def add_suffix_cache_arg(p: argparse.ArgumentParser) -> None:
                         "missing file starts empty, an unreadable one is reported and replaced")
     p.add_argument("--suffix-max-tokens", type=positive_int, default=None, metavar="N",
                    help="the store's bound in cached tokens, oldest outputs evicted first "
-                        f"(default {SUFFIX_STORE_TOKENS}; memory per token: docs/suffix.md); "
+                        f"(default {SUFFIX_STORE_TOKENS}; its memory: docs/suffix.md); "
                         "a store filled by `verispec warm-suffix` may want more")
 
 

@@ -21,7 +21,9 @@ before the hash chains").
 
 `SuffixStore` is the global store over past outputs: bounded by requests and
 tokens, oldest evicted first, safe to share between threads, saved to and
-loaded from a file (`--suffix-cache`).
+loaded from a file (`--suffix-cache`). Its index takes its whole bound with the
+first output, in buffers written in place (`anchor_table`): a server's store fills
+for tens of minutes, and growing containers would move up the heaps all that time.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from verispec.config import SUFFIX_STORE_REQUESTS, SUFFIX_STORE_TOKENS
+from verispec.proposers.anchor_table import AnchorTable, fill, filled, move_down
 
 SENTINEL = -1  # ends every sequence; never equal to a token, so matches stop there
 NONE = -1  # a chain's end: no earlier occurrence
@@ -70,18 +73,41 @@ def _anchor_key(tokens) -> int:
     return key
 
 
+def _exchanger(newest: dict[int, int] | AnchorTable) -> Callable[[int, int, int], int]:
+    """`newest`'s exchange(key, position, default): set key's newest position, return the
+    one it replaces."""
+    if isinstance(newest, AnchorTable):
+        return newest.exchange
+
+    def exchange(key: int, position: int, default: int) -> int:
+        before = newest.get(key, default)
+        newest[key] = position
+        return before
+    return exchange
+
+
 class SuffixIndex:
     """Sequences and their anchor index; the last sequence may stay open and grow."""
 
-    def __init__(self, max_depth: int = 32, recent: int = 64) -> None:
+    def __init__(self, max_depth: int = 32, recent: int = 64, capacity: int | None = None,
+                 table_slots: int | None = None) -> None:
+        """`capacity`: a fixed stream of that many slots, written in place, and anchor
+        tables of `table_slots` slots (the store's); None: containers that grow (a
+        request's own text)."""
         self.max_depth, self.recent = max_depth, recent
-        self.tokens = array("q", [SENTINEL])  # the stream, from global position `offset`
+        self.capacity = capacity
+        slots = capacity or 64
+        # The stream is tokens[:size], from global position `offset`; slots past it are
+        # spare room (their values are never read).
+        self.tokens = filled(slots)
+        self.size = 1  # the stream starts with a sentinel
         self.offset = 0
         self.bounds: deque[tuple[int, int]] = deque()  # global [start, end) of each sequence
         # Per anchor length n: the newest end position of each anchor key, and, parallel to
         # `tokens`, the previous end position of the anchor ending at each position (NONE).
-        self.newest: dict[int, dict[int, int]] = {n: {} for n in ANCHORS}
-        self.previous: dict[int, array] = {n: array("q", [NONE]) for n in ANCHORS}
+        self.newest: dict[int, dict[int, int] | AnchorTable] = {
+            n: {} if capacity is None else AnchorTable(table_slots) for n in ANCHORS}
+        self.previous: dict[int, array] = {n: filled(slots) for n in ANCHORS}
         self.entries = 0  # index entries appended since the last sweep, dead ones included
         self.count = 0  # live tokens
         self.open = False  # the last sequence may still be extended
@@ -90,8 +116,8 @@ class SuffixIndex:
     def add(self, tokens: list[int], keep_open: bool = False) -> None:
         """A new sequence; `keep_open`: `extend` may append to it later."""
         self._seal()
-        start = self.offset + len(self.tokens)
         self._append([SENTINEL])  # the new sequence's own, at its end
+        start = self.offset + self.size - 1
         self.bounds.append((start, start))
         self.open = True
         self.extend(tokens)
@@ -105,8 +131,10 @@ class SuffixIndex:
             raise RuntimeError("extend() needs an open sequence")
         if not tokens:
             return
+        if self.capacity is not None and any(t.full(len(tokens)) for t in self.newest.values()):
+            self._sweep()  # the tables' dead anchors make way for the new ones
         start, end = self.bounds[-1]
-        self._cut(len(self.tokens) - 1, len(self.tokens))  # the open sequence's sentinel
+        self.size -= 1  # the open sequence's sentinel, written again after the new tokens
         self._append([*tokens, SENTINEL])
         self.bounds[-1] = (start, end + len(tokens))
         self.count += len(tokens)
@@ -116,64 +144,78 @@ class SuffixIndex:
         self.open = False
 
     def _append(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
+        """Write `tokens` after the stream, their chain links NONE."""
+        begin = self._room(len(tokens))
+        self.tokens[begin:self.size] = array("q", tokens)
         for chain in self.previous.values():
-            chain.extend([NONE] * len(tokens))
+            fill(chain, begin, self.size)
 
-    def _cut(self, begin: int, end: int) -> None:
-        """Drop stream slots [begin, end) (offsets into `tokens`) and their chain links."""
-        del self.tokens[begin:end]
-        for chain in self.previous.values():
-            del chain[begin:end]
+    def _room(self, n: int) -> int:
+        """Make room for `n` more slots and take them; returns where they begin. A fixed
+        stream moves its live part down over the evicted prefix (keeping the sentinel
+        before the first live token); a growing one doubles."""
+        if self.size + n > len(self.tokens):
+            dead = self.live_start - self.offset - 1
+            if self.capacity is not None and self.size - dead + n <= self.capacity:
+                for buffer in (self.tokens, *self.previous.values()):
+                    move_down(buffer, dead, self.size)
+                self.offset += dead
+                self.size -= dead
+            elif self.capacity is not None:
+                raise RuntimeError(f"a suffix index of {self.capacity} slots has no room for "
+                                   f"{n} more past {self.size - dead} live ones")
+            else:
+                grow = filled(max(n, len(self.tokens)))
+                for buffer in (self.tokens, *self.previous.values()):
+                    buffer.extend(grow)
+        begin = self.size
+        self.size += n
+        return begin
 
     def _index_range(self, start: int, first: int, stop: int) -> None:
         """Index the anchors ending at positions [first, stop) of a sequence from `start`.
         Positions only ever grow, so every chain runs from newest to oldest."""
         tokens, off = self.tokens, self.offset
         for n, newest in self.newest.items():
-            chain = self.previous[n]
+            chain, exchange = self.previous[n], _exchanger(newest)
             for i in range(max(first, start + n - 1), stop):
-                key = _anchor_key(tokens[i - n + 1 - off:i + 1 - off])
-                chain[i - off] = newest.get(key, NONE)
-                newest[key] = i
+                chain[i - off] = exchange(_anchor_key(tokens[i - n + 1 - off:i + 1 - off]), i, NONE)
                 self.entries += 1
 
     def evict_oldest(self) -> None:
-        """Drop the oldest sequence; its index entries are swept lazily."""
+        """Drop the oldest sequence; its slots are reused when the stream needs room, and
+        its index entries are swept lazily."""
         start, end = self.bounds.popleft()
         self.count -= end - start
         if not self.bounds:
             self.open = False
-        live = self.live_start
-        dead = live - self.offset - 1  # keep the sentinel before the first live token
-        if dead > len(self.tokens) // 2:
-            self._cut(0, dead)
-            self.offset += dead
         if self.entries > 2 * len(ANCHORS) * self.count + 1024:
             self._sweep()
 
     def _sweep(self) -> None:
-        """Rebuild the index from the live sequences: keeps it within twice its
+        """Index the live sequences again, in place: keeps the index within twice its
         live size, so memory follows the bounds however many sequences passed."""
-        self.newest = {n: {} for n in ANCHORS}
-        self.previous = {n: array("q", [NONE]) * len(self.tokens) for n in ANCHORS}
+        for newest in self.newest.values():
+            newest.clear()
+        for chain in self.previous.values():
+            fill(chain, 0, self.size)
         self.entries = 0
         for start, end in self.bounds:
             self._index_range(start, start, end - 1)
 
     def clone(self) -> "SuffixIndex":
-        """An independent copy: arrays and flat dicts of ints, copied whole."""
+        """An independent copy: arrays and flat tables of ints, copied whole."""
         twin = copy.copy(self)
         twin.tokens = array("q", self.tokens)
         twin.bounds = deque(self.bounds)
-        twin.newest = {n: dict(newest) for n, newest in self.newest.items()}
+        twin.newest = {n: newest.copy() for n, newest in self.newest.items()}
         twin.previous = {n: array("q", chain) for n, chain in self.previous.items()}
         return twin
 
     # -- reading --------------------------------------------------------------
     @property
     def live_start(self) -> int:
-        return self.bounds[0][0] if self.bounds else self.offset + len(self.tokens)
+        return self.bounds[0][0] if self.bounds else self.offset + self.size
 
     def matches(self, context: list[int]) -> list[Match]:
         """Occurrences of the context's suffix with a continuation, from the newest
@@ -211,8 +253,12 @@ class SuffixIndex:
     def memory_bytes(self) -> int:
         size = sys.getsizeof(self.tokens) + sys.getsizeof(self.bounds)
         for n, newest in self.newest.items():
-            size += sys.getsizeof(newest) + sys.getsizeof(self.previous[n])
-            size += sum(sys.getsizeof(key) + sys.getsizeof(i) for key, i in newest.items())
+            size += sys.getsizeof(self.previous[n])
+            if isinstance(newest, AnchorTable):
+                size += newest.memory_bytes()
+            else:
+                size += sys.getsizeof(newest)
+                size += sum(sys.getsizeof(key) + sys.getsizeof(i) for key, i in newest.items())
         return size
 
 
@@ -235,6 +281,7 @@ class SuffixStore:
             raise ValueError(f"a suffix store needs max_requests and max_tokens >= 1, "
                              f"got {max_requests}, {max_tokens}")
         self.max_requests, self.max_tokens = max_requests, max_tokens
+        # Empty until the first output: then the index takes its full bound at once.
         self._index = SuffixIndex(max_depth, recent)
         self._lock = threading.Lock()
         self.inserted = 0  # sequences ever added, evicted ones included
@@ -243,17 +290,30 @@ class SuffixStore:
     def max_depth(self) -> int:
         return self._index.max_depth
 
+    def _bounded_index(self) -> SuffixIndex:
+        """An index allocated at the store's bounds: a stream with room for every live
+        output and its sentinel plus half as much again (so that moving the live part
+        down over evicted ones is rare), and anchor tables with twice as many slots as
+        live anchors can take."""
+        live = self.max_tokens + self.max_requests + 1
+        return SuffixIndex(self._index.max_depth, self._index.recent, capacity=live + live // 2,
+                           table_slots=max(4, 1 << (2 * self.max_tokens - 1).bit_length()))
+
     def add(self, tokens: list[int]) -> None:
-        """Cache one output (the newest); a sequence over max_tokens keeps its tail."""
+        """Cache one output (the newest); a sequence over max_tokens keeps its tail. The
+        oldest outputs are evicted first, as many as the new one needs room for."""
         tokens = [int(t) for t in tokens[-self.max_tokens:]]
         if not tokens:
             return
         with self._lock:
+            if self._index.capacity is None:
+                self._index = self._bounded_index()
             index = self._index
+            while index.bounds and (len(index.bounds) >= self.max_requests
+                                    or index.count + len(tokens) > self.max_tokens):
+                index.evict_oldest()
             index.add(tokens)
             self.inserted += 1
-            while len(index.bounds) > self.max_requests or index.count > self.max_tokens:
-                index.evict_oldest()
 
     def copy(self) -> "SuffixStore":
         """An independent store holding the same sequences: what a benchmark

@@ -107,9 +107,11 @@ class VerispecReplica:
         import torch
 
         from verispec.cli.args import engine_from
+        from verispec.serving.malloc import fix_thresholds
         from verispec.serving.protocol import serve_defaults
         from verispec.serving.server import ServerConfig, create_app
 
+        fix_thresholds()  # as `verispec serve` does, before the model loads
         s = RayAppArgs(**settings)
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
         torch.set_num_threads(s.threads or max(1, int(cpus)))

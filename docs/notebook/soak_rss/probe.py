@@ -5,7 +5,8 @@
 Every 2 s one JSON line: the process's RSS (anon and file), glibc's mallinfo2 (bytes in
 use, free inside the heaps, mmapped), the number of malloc arenas (malloc_info's heaps),
 threads, the live KV caches' bytes (every cache the scheduler holds), the global suffix
-store's bytes, and Python's allocated blocks. With PROBE_TRACEMALLOC=1, tracemalloc runs
+store's bytes and shape (outputs, live tokens, index entries, stream slots, anchor keys),
+and Python's allocated blocks. With PROBE_TRACEMALLOC=1, tracemalloc runs
 and every 60 s a line lists the 12 source lines whose Python allocations grew most since
 the first snapshot. With PROBE_TRIM=1 the probe calls malloc_trim(0) before each sample
 and times it.
@@ -69,9 +70,20 @@ def live_kv_bytes() -> int:
     return total
 
 
-def suffix_store_bytes() -> int:
-    """The Engine's global suffix store (StoreStats.memory_bytes)."""
-    return sum(s.build.__self__.suffix_store.stats().memory_bytes for s in SCHEDULERS)
+def suffix_store() -> dict:
+    """The Engine's global suffix store: StoreStats (bytes, outputs, live tokens, index
+    entries), its stream's slots and its anchor dicts' keys."""
+    out = {"store": 0, "store_requests": 0, "store_tokens": 0, "store_entries": 0,
+           "store_slots": 0, "store_keys": 0}
+    for scheduler in SCHEDULERS:
+        store = scheduler.build.__self__.suffix_store
+        stats = store.stats()
+        shape = store.read(lambda index: (getattr(index, "size", len(index.tokens)),
+                                          sum(len(d) for d in index.newest.values())))
+        for key, value in zip(out, (stats.memory_bytes, stats.requests, stats.tokens,
+                                    stats.index_entries, *shape)):
+            out[key] += value
+    return out
 
 
 def probe(path: str, every: float = 2.0) -> None:
@@ -87,7 +99,7 @@ def probe(path: str, every: float = 2.0) -> None:
             line = {"t": round(time.monotonic() - began, 1), **status(),
                     "in_use": info.uordblks, "free_in_heaps": info.fordblks,
                     "heaps": info.arena, "mmapped": info.hblkhd, "mmaps": info.hblks,
-                    "arenas": arenas(), "kv": live_kv_bytes(), "store": suffix_store_bytes(),
+                    "arenas": arenas(), "kv": live_kv_bytes(), **suffix_store(),
                     "py_blocks": sys.getallocatedblocks(), "trim_ms": trim_ms}
             if tracemalloc.is_tracing() and line["t"] - last_trace >= 60:
                 snap = tracemalloc.take_snapshot()
