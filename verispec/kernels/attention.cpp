@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "attention_keys.h"
 #include "simd.h"
 
 namespace {
@@ -152,27 +153,94 @@ void weigh_values(const RowJob<T>& job, int64_t g0, const T* values, int64_t key
 // a 16-key block is read once from L2 and reused from L1 by every row and head of
 // the group; each (row, head) still sees its own keys in its own fixed order,
 // which is all the invariant needs.
+// Whether a row's keys j0 .. j0 + 15 (those it sees) are the cache slots j0 .. j0 + 15,
+// as a prefix row's are everywhere and a tree row's are over its context.
+inline bool plain_block(const RowKeys& seen, int64_t j0) {
+  if (!seen.index) return true;
+  const int64_t n = std::min<int64_t>(kLanes, seen.count - j0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (seen.index[j0 + i] != j0 + i) return false;
+  }
+  return true;
+}
+
+constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
+
+// Transposing a block costs the same for every pair that shares it and grows with
+// head_dim: it pays from this many (row, head) pairs per 16 dimensions.
+constexpr int64_t kPairsPerChunk = 4;
+
+// A block of rows of one request against one kv head. Scores run keys-outer, so
+// a 16-key block is read once from L2 and reused from L1 by every row and head of
+// the group; each (row, head) still sees its own keys in its own fixed order,
+// which is all the invariant needs. Pairs that see the same 16 slots share one
+// transposed copy of them (attention_keys.h) once there are enough of them.
 template <typename T, int CH>
 void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, float softcap,
                  const T* keys, const T* values, int64_t key_stride, __m512* peaks) {
   constexpr int64_t head_dim = CH * kLanes;
+  constexpr bool kTransposable = std::is_same_v<T, at::BFloat16> && CH % 2 == 0;
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512 cap_v = _mm512_set1_ps(softcap), inv_cap_v = _mm512_set1_ps(softcap > 0 ? 1.0f / softcap : 0.0f);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
   int64_t widest = 0;
   for (int64_t b = 0; b < count; ++b) widest = std::max(widest, jobs[b].padded);
   for (int64_t i = 0; i < count * groups; ++i) peaks[i] = minus_inf;
+  auto finish = [&](int64_t b, int64_t g, int64_t j, __m512 raw) {
+    const RowJob<T>& job = jobs[b];
+    const int64_t valid = std::min<int64_t>(kLanes, job.seen.count - j);
+    __m512 block = _mm512_mul_ps(raw, scale_v);
+    if (softcap > 0) block = _mm512_mul_ps(vs::tanh_lanes(_mm512_mul_ps(block, inv_cap_v)), cap_v);
+    if (valid < kLanes) block = _mm512_mask_mov_ps(minus_inf, (__mmask16)((1u << valid) - 1), block);
+    _mm512_storeu_ps(job.scores + g * (job.padded + kLanes) + j, block);
+    peaks[b * groups + g] = _mm512_max_ps(peaks[b * groups + g], block);
+  };
+  alignas(64) __m512i kt[kTransposable ? CH * 8 : 1];
   for (int64_t j = 0; j < widest; j += kLanes) {
+    bool shared[kRowBlock] = {};
+    int64_t sharing = 0, span = 0;
+    if constexpr (kTransposable) {
+      for (int64_t b = 0; b < count; ++b) {
+        if (j < jobs[b].padded && plain_block(jobs[b].seen, j)) {
+          shared[b] = true;
+          ++sharing;
+          span = std::max<int64_t>(span, std::min<int64_t>(kLanes, jobs[b].seen.count - j));
+        }
+      }
+      if (sharing * groups < kPairsPerChunk * CH) {
+        std::fill(shared, shared + count, false);
+      } else {
+        vs::transpose_keys<CH>(keys, key_stride, j, span, kt);
+        const T* q[4];
+        int64_t pair_b[4], pair_g[4], pending = 0;
+        auto flush = [&]() {
+          __m512 raw[4];
+          switch (pending) {
+            case 1: vs::transposed_scores<CH, 1>(kt, q, raw); break;
+            case 2: vs::transposed_scores<CH, 2>(kt, q, raw); break;
+            case 3: vs::transposed_scores<CH, 3>(kt, q, raw); break;
+            default: vs::transposed_scores<CH, 4>(kt, q, raw); break;
+          }
+          for (int64_t p = 0; p < pending; ++p) finish(pair_b[p], pair_g[p], j, raw[p]);
+          pending = 0;
+        };
+        for (int64_t b = 0; b < count; ++b) {
+          if (!shared[b]) continue;
+          for (int64_t g = 0; g < groups; ++g) {
+            q[pending] = jobs[b].q + g * head_dim;
+            pair_b[pending] = b;
+            pair_g[pending] = g;
+            if (++pending == 4) flush();
+          }
+        }
+        if (pending) flush();
+      }
+    }
     for (int64_t b = 0; b < count; ++b) {
       const RowJob<T>& job = jobs[b];
-      if (j >= job.padded) continue;
-      const int64_t valid = std::min<int64_t>(kLanes, job.seen.count - j);
+      if (j >= job.padded || shared[b]) continue;
       for (int64_t g = 0; g < groups; ++g) {
-        __m512 block = _mm512_mul_ps(block_scores<T, CH>(job.q + g * head_dim, keys, key_stride, job.seen, j), scale_v);
-        if (softcap > 0) block = _mm512_mul_ps(vs::tanh_lanes(_mm512_mul_ps(block, inv_cap_v)), cap_v);
-        if (valid < kLanes) block = _mm512_mask_mov_ps(minus_inf, (__mmask16)((1u << valid) - 1), block);
-        _mm512_storeu_ps(job.scores + g * (job.padded + kLanes) + j, block);
-        peaks[b * groups + g] = _mm512_max_ps(peaks[b * groups + g], block);
+        finish(b, g, j, block_scores<T, CH>(job.q + g * head_dim, keys, key_stride, job.seen, j));
       }
     }
   }
@@ -197,8 +265,6 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
   }
 }
 
-constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
-
 // q rows may be strided (the q part of a fused qkv row); out is [rows, heads * head_dim].
 template <typename T>
 void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t head_dim,
@@ -210,12 +276,13 @@ void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t hea
   const int64_t* len = row_len.data_ptr<int64_t>();
   const int64_t* index = row_index.defined() ? row_index.data_ptr<int64_t>() : nullptr;
   const int64_t index_stride = row_index.defined() ? row_index.size(1) : 0;
-  // Blocks of up to kRowBlock consecutive rows of the same request.
+  // Blocks of up to kRowBlock consecutive rows of the same request, a run split
+  // evenly (9 rows: 5 + 4, not 8 + 1, so that both share their key sweeps).
   std::vector<int64_t> block_start;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (block_start.empty() || r - block_start.back() == kRowBlock || cache_of[r] != cache_of[r - 1]) {
-      block_start.push_back(r);
-    }
+  for (int64_t r = 0, run_end; r < rows; r = run_end) {
+    for (run_end = r + 1; run_end < rows && cache_of[run_end] == cache_of[r];) ++run_end;
+    const int64_t run = run_end - r, parts = (run + kRowBlock - 1) / kRowBlock;
+    for (int64_t i = 0; i < parts; ++i) block_start.push_back(r + run * i / parts);
   }
   const int64_t blocks = static_cast<int64_t>(block_start.size());
   block_start.push_back(rows);
