@@ -1,5 +1,5 @@
 #!/bin/sh
-# Alternate the timing of two checkouts' kernels, BEFORE then AFTER, ROUNDS times,
+# (Issue 40, ran at attn8 on main 749eff8.) Alternate the timing of two checkouts' kernels, BEFORE then AFTER, ROUNDS times,
 # under one exclusive CPU hold: ab.sh BEFORE_TREE AFTER_TREE OUT_DIR [ROUNDS]
 set -e
 here=$(dirname "$0")

@@ -1,4 +1,4 @@
-"""Time verispec.kernels.attend on verification blocks of n rows, one thread.
+"""Time verispec.kernels.attend on verification blocks of n rows, one thread (issue 40, ran at attn8 on main 749eff8).
 
 Row r of a block sees context + r + 1 keys of one bf16 cache, as the rows of a
 verification block do. The kernels are those of the checkout on PYTHONPATH, so
