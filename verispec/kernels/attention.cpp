@@ -30,8 +30,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels.h"
 #include "attention_keys.h"
+#include "kernels.h"
 #include "simd.h"
 
 namespace {
@@ -149,10 +149,6 @@ void weigh_values(const RowJob<T>& job, int64_t g0, const T* values, int64_t key
   }
 }
 
-// A block of rows of one request against one kv head. Scores run keys-outer, so
-// a 16-key block is read once from L2 and reused from L1 by every row and head of
-// the group; each (row, head) still sees its own keys in its own fixed order,
-// which is all the invariant needs.
 // Whether a row's keys j0 .. j0 + 15 (those it sees) are the cache slots j0 .. j0 + 15,
 // as a prefix row's are everywhere and a tree row's are over its context.
 inline bool plain_block(const RowKeys& seen, int64_t j0) {
