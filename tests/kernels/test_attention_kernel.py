@@ -156,11 +156,10 @@ def _shifted(cache: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (12, 2, 128), (8, 2, 128), (4, 1, 256)])
 def test_block_rows_equal_rows_alone_and_tree_rows(heads, kv_heads, head_dim):
     """Rows of verification blocks of 2..16 rows (lengths one apart, as a block
-    arrives) share key sweeps and, past a few (row, head) pairs, one transposed copy
-    of each 16-key block; a tree row's list off the identity, a row alone, and a
-    row whose keys sit one slot up (a list that is never the identity, so never
-    shared) score key by key instead. All must give a row the same bits, at 1 and
-    2 threads."""
+    arrives) share key sweeps with the rows around them; a tree row mixes its
+    context with keys further up; a row whose keys sit one slot up goes through an
+    explicit list. A row must get the same bits in every one of these, and alone,
+    at 1 and 2 threads."""
     capacity, base = 80, 29  # lengths 30..45 cross the 16-key block boundaries
     cache = _caches(1, kv_heads, capacity, head_dim, torch.bfloat16, seed=5)[0]
     gen = torch.Generator().manual_seed(6)
@@ -169,7 +168,7 @@ def test_block_rows_equal_rows_alone_and_tree_rows(heads, kv_heads, head_dim):
     row_len = torch.arange(base + 1, base + 17)
     one = torch.zeros(1, dtype=torch.long)
     alone = [kernels.attend(q[r:r + 1].contiguous(), [cache], one, row_len[r:r + 1]) for r in range(16)]
-    # The same keys through an explicit list one slot up: scored without any sharing.
+    # The same keys through an explicit list one slot up.
     up = torch.arange(1, capacity + 1).clamp(max=capacity - 1).repeat(16, 1)
     shifted = kernels.attend(q, [_shifted(cache)], torch.zeros(16, dtype=torch.long), row_len, up)
     # Tree rows: the context then a few ancestors further up the cache.

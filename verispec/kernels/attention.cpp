@@ -30,7 +30,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "attention_keys.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -50,21 +49,20 @@ struct RowKeys {
   int64_t key(int64_t j) const { return index ? index[j] : j; }
 };
 
-// Lane i of the result = the sum of the 16 lanes of a[i]: a fixed transpose-and-add
-// tree (in-lane unpacks, then shuffles across 128-bit lanes), ~3 ops a key instead
-// of a full horizontal reduction per key.
-inline __m512 sum_each(__m512* a) {
-  __m512 s[8], t[4];
-  for (int i = 0; i < 8; ++i) {
+// sum_each's tree, a half at a time: lane i of sum_half(a) pairs the sums of a[i]'s
+// lanes as sum_each does for keys 8h .. 8h + 7, and join_halves makes the last step.
+inline __m512 sum_half(const __m512* a) {
+  __m512 s[4];
+  for (int i = 0; i < 4; ++i) {
     s[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
                          _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
   }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0xEE));
-  }
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88), _mm512_shuffle_f32x4(t[2], t[3], 0xDD));
+  const __m512 t0 = _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], 0x44), _mm512_shuffle_ps(s[0], s[1], 0xEE));
+  const __m512 t1 = _mm512_add_ps(_mm512_shuffle_ps(s[2], s[3], 0x44), _mm512_shuffle_ps(s[2], s[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
+}
+
+inline __m512 join_halves(__m512 w0, __m512 w1) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
 }
 
@@ -90,20 +88,26 @@ inline __m512 partial_dot(const T* q, const T* k) {
   }
 }
 
-// Scores of keys j0 .. j0 + 15 (zero past the row's last key).
+// Scores of keys j0 .. j0 + 15 (zero past the row's last key), 8 keys at a time so
+// that 8 accumulators and the tree's temporaries stay in registers.
 template <typename T, int CH>
 inline __m512 block_scores(const T* q, const T* keys, int64_t key_stride, RowKeys seen, int64_t j0) {
-  __m512 acc[kLanes];
   const int64_t n = std::min<int64_t>(kLanes, seen.count - j0);
-  if (n == kLanes) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kLanes; ++i) acc[i] = partial_dot<T, CH>(q, keys + seen.key(j0 + i) * key_stride);
-  } else {
-    for (int i = 0; i < kLanes; ++i) {
-      acc[i] = i < n ? partial_dot<T, CH>(q, keys + seen.key(j0 + i) * key_stride) : _mm512_setzero_ps();
+  __m512 w[2];
+  for (int h = 0; h < 2; ++h) {
+    __m512 acc[8];
+    if (n == kLanes) {
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) acc[i] = partial_dot<T, CH>(q, keys + seen.key(j0 + 8 * h + i) * key_stride);
+    } else {
+      for (int i = 0; i < 8; ++i) {
+        acc[i] = 8 * h + i < n ? partial_dot<T, CH>(q, keys + seen.key(j0 + 8 * h + i) * key_stride)
+                               : _mm512_setzero_ps();
+      }
     }
+    w[h] = sum_half(acc);
   }
-  return sum_each(acc);
+  return join_halves(w[0], w[1]);
 }
 
 // One row's visible keys and where its query and output live.
@@ -149,33 +153,20 @@ void weigh_values(const RowJob<T>& job, int64_t g0, const T* values, int64_t key
   }
 }
 
-// Whether a row's keys j0 .. j0 + 15 (those it sees) are the cache slots j0 .. j0 + 15,
-// as a prefix row's are everywhere and a tree row's are over its context.
-inline bool plain_block(const RowKeys& seen, int64_t j0) {
-  if (!seen.index) return true;
-  const int64_t n = std::min<int64_t>(kLanes, seen.count - j0);
-  for (int64_t i = 0; i < n; ++i) {
-    if (seen.index[j0 + i] != j0 + i) return false;
-  }
-  return true;
-}
-
+// A block of rows of one request against one kv head. Scores run keys-outer, so
+// a 16-key block is read once from L2 and reused from L1 by every row and head of
+// the group; each (row, head) still sees its own keys in its own fixed order,
+// which is all the invariant needs.
 constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
-
-// Transposing a block costs the same for every pair that shares it and grows with
-// head_dim: it pays from this many (row, head) pairs per 16 dimensions.
-constexpr int64_t kPairsPerChunk = 4;
 
 // A block of rows of one request against one kv head. Scores run keys-outer, so
 // a 16-key block is read once from L2 and reused from L1 by every row and head of
 // the group; each (row, head) still sees its own keys in its own fixed order,
-// which is all the invariant needs. Pairs that see the same 16 slots share one
-// transposed copy of them (attention_keys.h) once there are enough of them.
+// which is all the invariant needs.
 template <typename T, int CH>
 void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, float softcap,
                  const T* keys, const T* values, int64_t key_stride, __m512* peaks) {
   constexpr int64_t head_dim = CH * kLanes;
-  constexpr bool kTransposable = std::is_same_v<T, at::BFloat16> && CH % 2 == 0;
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512 cap_v = _mm512_set1_ps(softcap), inv_cap_v = _mm512_set1_ps(softcap > 0 ? 1.0f / softcap : 0.0f);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
@@ -191,50 +182,10 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
     _mm512_storeu_ps(job.scores + g * (job.padded + kLanes) + j, block);
     peaks[b * groups + g] = _mm512_max_ps(peaks[b * groups + g], block);
   };
-  alignas(64) __m512i kt[kTransposable ? CH * 8 : 1];
   for (int64_t j = 0; j < widest; j += kLanes) {
-    bool shared[kRowBlock] = {};
-    int64_t sharing = 0, span = 0;
-    if constexpr (kTransposable) {
-      for (int64_t b = 0; b < count; ++b) {
-        if (j < jobs[b].padded && plain_block(jobs[b].seen, j)) {
-          shared[b] = true;
-          ++sharing;
-          span = std::max<int64_t>(span, std::min<int64_t>(kLanes, jobs[b].seen.count - j));
-        }
-      }
-      if (sharing * groups < kPairsPerChunk * CH) {
-        std::fill(shared, shared + count, false);
-      } else {
-        vs::transpose_keys<CH>(keys, key_stride, j, span, kt);
-        const T* q[4];
-        int64_t pair_b[4], pair_g[4], pending = 0;
-        auto flush = [&]() {
-          __m512 raw[4];
-          switch (pending) {
-            case 1: vs::transposed_scores<CH, 1>(kt, q, raw); break;
-            case 2: vs::transposed_scores<CH, 2>(kt, q, raw); break;
-            case 3: vs::transposed_scores<CH, 3>(kt, q, raw); break;
-            default: vs::transposed_scores<CH, 4>(kt, q, raw); break;
-          }
-          for (int64_t p = 0; p < pending; ++p) finish(pair_b[p], pair_g[p], j, raw[p]);
-          pending = 0;
-        };
-        for (int64_t b = 0; b < count; ++b) {
-          if (!shared[b]) continue;
-          for (int64_t g = 0; g < groups; ++g) {
-            q[pending] = jobs[b].q + g * head_dim;
-            pair_b[pending] = b;
-            pair_g[pending] = g;
-            if (++pending == 4) flush();
-          }
-        }
-        if (pending) flush();
-      }
-    }
     for (int64_t b = 0; b < count; ++b) {
       const RowJob<T>& job = jobs[b];
-      if (j >= job.padded || shared[b]) continue;
+      if (j >= job.padded) continue;
       for (int64_t g = 0; g < groups; ++g) {
         finish(b, g, j, block_scores<T, CH>(job.q + g * head_dim, keys, key_stride, job.seen, j));
       }
