@@ -49,8 +49,11 @@ struct RowKeys {
   int64_t key(int64_t j) const { return index ? index[j] : j; }
 };
 
-// sum_each's tree, a half at a time: lane i of sum_half(a) pairs the sums of a[i]'s
-// lanes as sum_each does for keys 8h .. 8h + 7, and join_halves makes the last step.
+// Lane i of join_halves(sum_half(a), sum_half(a + 8)) = the sum of the 16 lanes of
+// a[i]: a fixed transpose-and-add tree (in-lane unpacks, then shuffles across 128-bit
+// lanes), ~3 ops a key instead of a full horizontal reduction per key. Built 8 keys at
+// a time so that their accumulators and the tree's temporaries fit in registers; the
+// pairing is the one the whole tree had, so the bits are too.
 inline __m512 sum_half(const __m512* a) {
   __m512 s[4];
   for (int i = 0; i < 4; ++i) {
@@ -153,10 +156,6 @@ void weigh_values(const RowJob<T>& job, int64_t g0, const T* values, int64_t key
   }
 }
 
-// A block of rows of one request against one kv head. Scores run keys-outer, so
-// a 16-key block is read once from L2 and reused from L1 by every row and head of
-// the group; each (row, head) still sees its own keys in its own fixed order,
-// which is all the invariant needs.
 constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
 
 // A block of rows of one request against one kv head. Scores run keys-outer, so
