@@ -144,3 +144,55 @@ def test_gemma_scale_and_soft_cap_match_reference(softcap):
     if softcap:  # the cap is applied (scores here reach beyond +-3)
         plain = kernels.attend(q, caches, zeros, row_len, scale=scale)
         assert (plain - out).abs().max() > 1e-3
+
+
+def _shifted(cache: torch.Tensor) -> torch.Tensor:
+    """The cache with every slot moved up by one: slot j + 1 holds what slot j held."""
+    moved = torch.zeros_like(cache)
+    moved[:, :, 1:] = cache[:, :, :-1]
+    return moved
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (12, 2, 128), (8, 2, 128), (4, 1, 256)])
+def test_block_rows_equal_rows_alone_and_tree_rows(heads, kv_heads, head_dim):
+    """Rows of verification blocks of 2..16 rows (lengths one apart, as a block
+    arrives) share key sweeps with the rows around them; a tree row mixes its
+    context with keys further up; a row whose keys sit one slot up goes through an
+    explicit list. A row must get the same bits in every one of these, and alone,
+    at 1 and 2 threads."""
+    capacity, base = 80, 29  # lengths 30..45 cross the 16-key block boundaries
+    cache = _caches(1, kv_heads, capacity, head_dim, torch.bfloat16, seed=5)[0]
+    gen = torch.Generator().manual_seed(6)
+    # Large scores: a score's last bit then reaches the bf16 output often enough to be seen.
+    q = (torch.randn(16, heads, head_dim, generator=gen) * 8).bfloat16()
+    row_len = torch.arange(base + 1, base + 17)
+    one = torch.zeros(1, dtype=torch.long)
+    alone = [kernels.attend(q[r:r + 1].contiguous(), [cache], one, row_len[r:r + 1]) for r in range(16)]
+    # The same keys through an explicit list one slot up.
+    up = torch.arange(1, capacity + 1).clamp(max=capacity - 1).repeat(16, 1)
+    shifted = kernels.attend(q, [_shifted(cache)], torch.zeros(16, dtype=torch.long), row_len, up)
+    # Tree rows: the context then a few ancestors further up the cache.
+    tree_index = torch.full((16, capacity), -1, dtype=torch.long)
+    for r in range(0, 16, 3):
+        n = int(row_len[r])
+        tree_index[r, :n] = torch.cat([torch.arange(n - 4), torch.tensor([n, n + 2, n + 5, n + 9])])
+    tree_alone = {r: kernels.attend(q[r:r + 1].contiguous(), [cache], one, row_len[r:r + 1],
+                                    tree_index[r:r + 1]) for r in range(0, 16, 3)}
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for rows in range(2, 17):
+                for start in {0, 16 - rows}:
+                    part = slice(start, start + rows)
+                    zeros = torch.zeros(rows, dtype=torch.long)
+                    block = kernels.attend(q[part].contiguous(), [cache], zeros, row_len[part])
+                    tree = kernels.attend(q[part].contiguous(), [cache], zeros, row_len[part],
+                                          tree_index[part].contiguous())
+                    for i, r in enumerate(range(start, start + rows)):
+                        assert torch.equal(block[i], alone[r][0]), (threads, rows, start, r)
+                        assert torch.equal(block[i], shifted[r]), (threads, rows, start, r)
+                        want = tree_alone[r][0] if r in tree_alone else alone[r][0]
+                        assert torch.equal(tree[i], want), (threads, rows, start, r)
+    finally:
+        torch.set_num_threads(before)

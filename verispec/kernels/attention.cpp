@@ -49,21 +49,23 @@ struct RowKeys {
   int64_t key(int64_t j) const { return index ? index[j] : j; }
 };
 
-// Lane i of the result = the sum of the 16 lanes of a[i]: a fixed transpose-and-add
-// tree (in-lane unpacks, then shuffles across 128-bit lanes), ~3 ops a key instead
-// of a full horizontal reduction per key.
-inline __m512 sum_each(__m512* a) {
-  __m512 s[8], t[4];
-  for (int i = 0; i < 8; ++i) {
+// Lane i of join_halves(sum_half(a), sum_half(a + 8)) = the sum of the 16 lanes of
+// a[i]: a fixed transpose-and-add tree (in-lane unpacks, then shuffles across 128-bit
+// lanes), ~3 ops a key instead of a full horizontal reduction per key. Built 8 keys at
+// a time so that their accumulators and the tree's temporaries fit in registers; the
+// pairing is the one the whole tree had, so the bits are too.
+inline __m512 sum_half(const __m512* a) {
+  __m512 s[4];
+  for (int i = 0; i < 4; ++i) {
     s[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
                          _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
   }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0xEE));
-  }
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88), _mm512_shuffle_f32x4(t[2], t[3], 0xDD));
+  const __m512 t0 = _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], 0x44), _mm512_shuffle_ps(s[0], s[1], 0xEE));
+  const __m512 t1 = _mm512_add_ps(_mm512_shuffle_ps(s[2], s[3], 0x44), _mm512_shuffle_ps(s[2], s[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
+}
+
+inline __m512 join_halves(__m512 w0, __m512 w1) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
 }
 
@@ -89,20 +91,26 @@ inline __m512 partial_dot(const T* q, const T* k) {
   }
 }
 
-// Scores of keys j0 .. j0 + 15 (zero past the row's last key).
+// Scores of keys j0 .. j0 + 15 (zero past the row's last key), 8 keys at a time so
+// that 8 accumulators and the tree's temporaries stay in registers.
 template <typename T, int CH>
 inline __m512 block_scores(const T* q, const T* keys, int64_t key_stride, RowKeys seen, int64_t j0) {
-  __m512 acc[kLanes];
   const int64_t n = std::min<int64_t>(kLanes, seen.count - j0);
-  if (n == kLanes) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kLanes; ++i) acc[i] = partial_dot<T, CH>(q, keys + seen.key(j0 + i) * key_stride);
-  } else {
-    for (int i = 0; i < kLanes; ++i) {
-      acc[i] = i < n ? partial_dot<T, CH>(q, keys + seen.key(j0 + i) * key_stride) : _mm512_setzero_ps();
+  __m512 w[2];
+  for (int h = 0; h < 2; ++h) {
+    __m512 acc[8];
+    if (n == kLanes) {
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) acc[i] = partial_dot<T, CH>(q, keys + seen.key(j0 + 8 * h + i) * key_stride);
+    } else {
+      for (int i = 0; i < 8; ++i) {
+        acc[i] = 8 * h + i < n ? partial_dot<T, CH>(q, keys + seen.key(j0 + 8 * h + i) * key_stride)
+                               : _mm512_setzero_ps();
+      }
     }
+    w[h] = sum_half(acc);
   }
-  return sum_each(acc);
+  return join_halves(w[0], w[1]);
 }
 
 // One row's visible keys and where its query and output live.
@@ -148,6 +156,8 @@ void weigh_values(const RowJob<T>& job, int64_t g0, const T* values, int64_t key
   }
 }
 
+constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
+
 // A block of rows of one request against one kv head. Scores run keys-outer, so
 // a 16-key block is read once from L2 and reused from L1 by every row and head of
 // the group; each (row, head) still sees its own keys in its own fixed order,
@@ -162,17 +172,21 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
   int64_t widest = 0;
   for (int64_t b = 0; b < count; ++b) widest = std::max(widest, jobs[b].padded);
   for (int64_t i = 0; i < count * groups; ++i) peaks[i] = minus_inf;
+  auto finish = [&](int64_t b, int64_t g, int64_t j, __m512 raw) {
+    const RowJob<T>& job = jobs[b];
+    const int64_t valid = std::min<int64_t>(kLanes, job.seen.count - j);
+    __m512 block = _mm512_mul_ps(raw, scale_v);
+    if (softcap > 0) block = _mm512_mul_ps(vs::tanh_lanes(_mm512_mul_ps(block, inv_cap_v)), cap_v);
+    if (valid < kLanes) block = _mm512_mask_mov_ps(minus_inf, (__mmask16)((1u << valid) - 1), block);
+    _mm512_storeu_ps(job.scores + g * (job.padded + kLanes) + j, block);
+    peaks[b * groups + g] = _mm512_max_ps(peaks[b * groups + g], block);
+  };
   for (int64_t j = 0; j < widest; j += kLanes) {
     for (int64_t b = 0; b < count; ++b) {
       const RowJob<T>& job = jobs[b];
       if (j >= job.padded) continue;
-      const int64_t valid = std::min<int64_t>(kLanes, job.seen.count - j);
       for (int64_t g = 0; g < groups; ++g) {
-        __m512 block = _mm512_mul_ps(block_scores<T, CH>(job.q + g * head_dim, keys, key_stride, job.seen, j), scale_v);
-        if (softcap > 0) block = _mm512_mul_ps(vs::tanh_lanes(_mm512_mul_ps(block, inv_cap_v)), cap_v);
-        if (valid < kLanes) block = _mm512_mask_mov_ps(minus_inf, (__mmask16)((1u << valid) - 1), block);
-        _mm512_storeu_ps(job.scores + g * (job.padded + kLanes) + j, block);
-        peaks[b * groups + g] = _mm512_max_ps(peaks[b * groups + g], block);
+        finish(b, g, j, block_scores<T, CH>(job.q + g * head_dim, keys, key_stride, job.seen, j));
       }
     }
   }
@@ -197,8 +211,6 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
   }
 }
 
-constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
-
 // q rows may be strided (the q part of a fused qkv row); out is [rows, heads * head_dim].
 template <typename T>
 void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t head_dim,
@@ -210,12 +222,13 @@ void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t hea
   const int64_t* len = row_len.data_ptr<int64_t>();
   const int64_t* index = row_index.defined() ? row_index.data_ptr<int64_t>() : nullptr;
   const int64_t index_stride = row_index.defined() ? row_index.size(1) : 0;
-  // Blocks of up to kRowBlock consecutive rows of the same request.
+  // Blocks of up to kRowBlock consecutive rows of the same request, a run split
+  // evenly (9 rows: 5 + 4, not 8 + 1, so that both share their key sweeps).
   std::vector<int64_t> block_start;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (block_start.empty() || r - block_start.back() == kRowBlock || cache_of[r] != cache_of[r - 1]) {
-      block_start.push_back(r);
-    }
+  for (int64_t r = 0, run_end; r < rows; r = run_end) {
+    for (run_end = r + 1; run_end < rows && cache_of[run_end] == cache_of[r];) ++run_end;
+    const int64_t run = run_end - r, parts = (run + kRowBlock - 1) / kRowBlock;
+    for (int64_t i = 0; i < parts; ++i) block_start.push_back(r + run * i / parts);
   }
   const int64_t blocks = static_cast<int64_t>(block_start.size());
   block_start.push_back(rows);
