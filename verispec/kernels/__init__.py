@@ -34,36 +34,28 @@ import torch
 from verispec.kernels.build import cpu_flags
 
 _lock = threading.Lock()
-_module = None
-_tried = False
-_vnni256 = None
-_vnni256_tried = False
+_built: dict[str, object] = {}  # build.py's function name -> its module or None
 I8_ISAS = ("avx512-vnni", "avx-vnni")
 _isa_memo: dict[tuple[str | None, str | None], str | None] = {}
 
 
-def _get():
-    global _module, _tried
-    if not _tried:
+def _once(builder: str):
+    """build.`builder`()'s module (None where it cannot build), built once per process."""
+    if builder not in _built:
         with _lock:
-            if not _tried:
-                from verispec.kernels.build import build
+            if builder not in _built:
+                from verispec.kernels import build
 
-                _module = build()
-                _tried = True
-    return _module
+                _built[builder] = getattr(build, builder)()
+    return _built[builder]
+
+
+def _get():
+    return _once("build")
 
 
 def _get_vnni256():
-    global _vnni256, _vnni256_tried
-    if not _vnni256_tried:
-        with _lock:
-            if not _vnni256_tried:
-                from verispec.kernels.build import build_vnni256
-
-                _vnni256 = build_vnni256()
-                _vnni256_tried = True
-    return _vnni256
+    return _once("build_vnni256")
 
 
 def _forced_isa() -> str | None:
