@@ -120,9 +120,10 @@ def _module_for(packed: torch.Tensor):
     runs the integer path, else the AVX-512 one. On the hot path of every linear():
     where the 256-bit module was never built, one check; where the AVX-512 one is
     absent, no environment read."""
-    if (_vnni256 is not None and packed.dtype == torch.uint8 and (_module is None or i8_isa() == "avx-vnni")
-            and _vnni256.is_quant_i8(packed)):
-        return _vnni256
+    vnni256 = _built.get("build_vnni256")
+    if (vnni256 is not None and packed.dtype == torch.uint8
+            and (_built.get("build") is None or i8_isa() == "avx-vnni") and vnni256.is_quant_i8(packed)):
+        return vnni256
     return _require()
 
 
