@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 
 import pytest
 import torch
@@ -88,16 +89,19 @@ def engine(target):
     return engine
 
 
-_PLAIN: dict = {}
+# Keyed weakly on the engine itself: an id() key outlives its module-scoped engine,
+# and the next backend's engine can be given the same id and read a stale answer.
+_PLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def plain(engine, prompt, n=32):
     """Plain greedy decoding through the same engine loop, memoized per prompt."""
-    key = (id(engine), tuple(prompt), n)
-    if key not in _PLAIN:
-        _PLAIN[key] = engine.generate(prompt, SamplingParams(max_new_tokens=n),
-                                      SpecConfig(proposer="none", k=0))
-    return _PLAIN[key]
+    memo = _PLAIN.setdefault(engine, {})
+    key = (tuple(prompt), n)
+    if key not in memo:
+        memo[key] = engine.generate(prompt, SamplingParams(max_new_tokens=n),
+                                    SpecConfig(proposer="none", k=0))
+    return memo[key]
 
 
 def reference_hf_greedy(model: HFModel, prompt: list[int], n: int) -> list[int]:
