@@ -180,10 +180,13 @@ void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead, 
 }
 
 // Tiles swept at once for R rows. The R x T sub-block accumulators and T unpacked
-// vectors stay in registers (the super-block sums live in L1, Totals); two tiles
-// from 3 rows cost less than one a time, where each broadcast of x feeds a single
-// VPDPBUSD (docs/notebook/quant_i8_kquant.md).
-constexpr int tiles_for(int rows) { return rows <= 2 ? 4 : 2; }
+// vectors stay in registers (the super-block sums live in L1, Totals). One or two
+// rows take a tile at a time: the group's super-block is then read front to back,
+// one 2.3-3.4 KiB tile after another, where four tiles at once read four streams
+// 2-3 KiB apart and ran 10-20% behind the read stream from DRAM. From 3 rows two
+// tiles cost less than one, where each broadcast of x feeds a single VPDPBUSD
+// (docs/notebook/quant_i8_kquant.md, rounds 3 and 5).
+constexpr int tiles_for(int rows) { return rows <= 2 ? 1 : 2; }
 
 template <int Type, int R>
 void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {
