@@ -35,20 +35,6 @@ VS_I8_INLINE __m512 halves(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// y += float(total) * (d_w * d_x) for the R x T accumulators at acc (row stride 64).
-template <int R, int T>
-VS_I8_INLINE void scale_into(const uint8_t* t0, int64_t tb, const __m512i (&total)[R][T], const XBlock<R>& x,
-                             float* acc) {
-  for (int j = 0; j < T; ++j) {
-    const __m512 dw = halves(t0 + j * tb);
-    for (int r = 0; r < R; ++r) {
-      float* a = acc + r * kGroupOut + j * kTileOut;
-      const __m512 step = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[r]));
-      _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][j]), step, _mm512_loadu_ps(a)));
-    }
-  }
-}
-
 // A super-block's integer sums, R x T vectors, kept in L1 rather than in registers:
 // the R x T sub-block sums already fill the 32 vector registers from 8 rows, and the
 // compiler, given both sets as values, spilled them inside the VPDPBUSD loop
@@ -61,16 +47,12 @@ struct Totals {
     auto* p = reinterpret_cast<__m512i*>(sums[r][j]);
     _mm512_store_si512(p, first ? v : _mm512_add_epi32(_mm512_load_si512(p), v));
   }
-  VS_I8_INLINE void get(__m512i (&out)[R][T]) const {
-    for (int r = 0; r < R; ++r) {
-      for (int j = 0; j < T; ++j) out[r][j] = _mm512_load_si512(reinterpret_cast<const __m512i*>(sums[r][j]));
-    }
-  }
+  VS_I8_INLINE __m512i at(int r, int j) const { return _mm512_load_si512(reinterpret_cast<const __m512i*>(sums[r][j])); }
 };
 
 // Q4_K / Q5_K tile: d @0, dmin @32, sc [8][16] @64, m pairs [4][16][2] @192,
 // nibbles (32 vectors) @320, Q5_K's fifth bits (64 masks) @2368.
-template <bool kFive, int R, int T>
+template <bool kFive, int R, int T, class Ahead>
 void q45k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead, int64_t sweep) {
   constexpr int64_t tb = kFive ? 2880 : 2368;
   const __m512i low4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
@@ -81,6 +63,7 @@ void q45k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead,
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < T; ++j) part[r][j] = _mm512_setzero_si512();
     }
+#pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       __m512i lo[T], hi[T];
       for (int j = 0; j < T; ++j) {
@@ -106,27 +89,33 @@ void q45k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead,
       for (int r = 0; r < R; ++r) totals.add(s == 0, r, j, _mm512_mullo_epi32(part[r][j], sc));
     }
   }
-  __m512i total[R][T];
-  totals.get(total);
-  scale_into<R, T>(t0, tb, total, x, acc);
+  // Each row's x broadcasts serve the T tiles, and y is loaded and stored once for
+  // both float steps (their order as above).
+  __m512i mins[T][4];
+  __m512 dw[T], dmin[T];
   for (int j = 0; j < T; ++j) {
     const uint8_t* t = t0 + j * tb;
-    __m512i mins[4];
-    for (int p = 0; p < 4; ++p) mins[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 192 + 32 * p)));
-    const __m512 dmin = halves(t + 32);
-    for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < 4; ++p) mins[j][p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 192 + 32 * p)));
+    dw[j] = halves(t);
+    dmin[j] = halves(t + 32);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512i xs[4];
+    for (int p = 0; p < 4; ++p) xs[p] = bcast4(x.sums[r] + 2 * p);
+    const __m512 dx = _mm512_set1_ps(x.d[r]);
+    for (int j = 0; j < T; ++j) {
       __m512i msum = _mm512_setzero_si512();
-      for (int p = 0; p < 4; ++p) msum = _mm512_dpwssd_epi32(msum, mins[p], bcast4(x.sums[r] + 2 * p));
+      for (int p = 0; p < 4; ++p) msum = _mm512_dpwssd_epi32(msum, mins[j][p], xs[p]);
       float* a = acc + r * kGroupOut + j * kTileOut;
-      const __m512 step = _mm512_mul_ps(dmin, _mm512_set1_ps(x.d[r]));
-      _mm512_storeu_ps(a, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), step, _mm512_loadu_ps(a)));
+      const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(totals.at(r, j)), _mm512_mul_ps(dw[j], dx), _mm512_loadu_ps(a));
+      _mm512_storeu_ps(a, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin[j], dx), y));
     }
   }
 }
 
 // Q6_K tile: d @0, sc pairs [8][16][2] (int8) @32, low nibbles (32 vectors) @288,
 // high 2 bits (16 vectors, one per sub-block) @2336.
-template <int R, int T>
+template <int R, int T, class Ahead>
 void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead, int64_t sweep) {
   constexpr int64_t tb = 3360;
   const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
@@ -165,18 +154,26 @@ void q6k(const uint8_t* t0, const XBlock<R>& x, float* acc, const Ahead& ahead, 
       for (int r = 0; r < R; ++r) totals.add(s == 0, r, j, _mm512_mullo_epi32(part[r][j], sc));
     }
   }
-  __m512i total[R][T];
-  totals.get(total);
+  // sum_s sc_s * X_s per row, its x broadcasts serving the T tiles; then y += float(...)
+  // * (d * d_x), y loaded and stored once.
+  __m512i sc[T][8];
+  __m512 dw[T];
   for (int j = 0; j < T; ++j) {
-    __m512i sc[8];
-    for (int g = 0; g < 8; ++g) sc[g] = pairs(t0 + j * tb, g);
-    for (int r = 0; r < R; ++r) {
-      __m512i offset = _mm512_setzero_si512();  // sum_s sc_s * X_s
-      for (int g = 0; g < 8; ++g) offset = _mm512_dpwssd_epi32(offset, sc[g], bcast4(x.sums[r] + 2 * g));
-      total[r][j] = _mm512_sub_epi32(total[r][j], _mm512_slli_epi32(offset, 5));
+    for (int g = 0; g < 8; ++g) sc[j][g] = pairs(t0 + j * tb, g);
+    dw[j] = halves(t0 + j * tb);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512i xs[8];
+    for (int g = 0; g < 8; ++g) xs[g] = bcast4(x.sums[r] + 2 * g);
+    const __m512 dx = _mm512_set1_ps(x.d[r]);
+    for (int j = 0; j < T; ++j) {
+      __m512i offset = _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g) offset = _mm512_dpwssd_epi32(offset, sc[j][g], xs[g]);
+      const __m512i total = _mm512_sub_epi32(totals.at(r, j), _mm512_slli_epi32(offset, 5));
+      float* a = acc + r * kGroupOut + j * kTileOut;
+      _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(dw[j], dx), _mm512_loadu_ps(a)));
     }
   }
-  scale_into<R, T>(t0, tb, total, x, acc);
 }
 
 // Tiles swept at once for R rows. The R x T sub-block accumulators and T unpacked
@@ -193,7 +190,7 @@ void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* ac
   constexpr int T = tiles_for(R);
   constexpr int64_t tb = k_tile_bytes(Type);
   constexpr int64_t steps = (kGroupTiles / T) * (Type == 14 ? 16 : 8);
-  const Ahead ahead{next, (kGroupTiles * tb / 64 + steps - 1) / steps};
+  const Ahead<(kGroupTiles * tb / 64 + steps - 1) / steps> ahead{next};
   XBlock<R> xb;
   const int64_t in = x.in, blocks = in / 256;
   for (int r = 0; r < R; ++r) {

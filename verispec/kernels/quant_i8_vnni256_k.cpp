@@ -42,7 +42,7 @@ VS_I8_INLINE void scale_into(float* a, __m256i total, __m256 dw, float dx) {
 
 // Q4_K / Q5_K tile: d @0, dmin @32, sc [8][16] @64, m pairs [4][16][2] @192,
 // nibbles (32 vectors) @320, Q5_K's fifth bits (64 masks) @2368.
-template <bool kFive, int R, int H>
+template <bool kFive, int R, int H, class Ahead>
 void q45k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead& ahead, int64_t sweep) {
   constexpr int Type = kFive ? 13 : 12;
   const __m256i low4 = _mm256_set1_epi8(15);
@@ -103,7 +103,7 @@ void q45k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead
 
 // Q6_K tile: d @0, sc pairs [8][16][2] (int8) @32, low nibbles (32 vectors) @288,
 // high 2 bits (16 vectors, one per sub-block) @2336.
-template <int R, int H>
+template <int R, int H, class Ahead>
 void q6k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead& ahead, int64_t sweep) {
   const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30);
   const auto pairs = [](const Half& at, int g) {  // (sc_2g, sc_2g+1) per output, int16
@@ -164,7 +164,7 @@ template <int Type, int R>
 void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {
   constexpr int H = halves_for(R);
   constexpr int64_t steps = (kHalves / H) * (Type == 14 ? 16 : 8);
-  const Ahead ahead{next, (kGroupTiles * k_tile_bytes(Type) / 64 + steps - 1) / steps};
+  const Ahead<(kGroupTiles * k_tile_bytes(Type) / 64 + steps - 1) / steps> ahead{next};
   XBlock<R> xb;
   const int64_t in = x.in, blocks = in / 256;
   for (int r = 0; r < R; ++r) {
