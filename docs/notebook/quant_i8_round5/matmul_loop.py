@@ -16,7 +16,9 @@ raw = torch.from_numpy(random_raw(name, out, inp, rng))
 packed = kernels.pack_quant_i8([(raw, int(gguf.GGMLQuantizationType[name]), out)], inp)
 x = torch.randn(n, inp).bfloat16()
 lin = kernels.linear
-if len(sys.argv) > 6: lin = lambda x, p, o: kernels.i8_backend("avx-vnni").linear(x, p, o, None)
+if len(sys.argv) > 6:
+    v256 = kernels.i8_backend("avx-vnni")
+    lin = lambda x, p, o: v256.linear(x, p, o, None)
 for _ in range(100): lin(x, packed, out)
 reps = int(sys.argv[4]) if len(sys.argv) > 4 else 20000
 best = []
