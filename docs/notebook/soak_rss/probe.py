@@ -97,23 +97,28 @@ def smaps() -> list[dict]:
 
 
 def maps(vmas: list[dict]) -> dict:
-    """Anonymous resident bytes by owner. Thread-arena heaps: a 64 MiB-aligned region whose
-    unused tail is a PROT_NONE map; stacks: a read-write map right above a PROT_NONE guard."""
-    heap_regions = {(v["end"] - 1) // HEAP_MAX * HEAP_MAX for v in vmas
-                    if v["perms"] == "---p" and not v["name"] and v["end"] % HEAP_MAX == 0}
-    out = {"heap_rss": 0, "stack_rss": 0, "lib_anon": 0, "huge": 0}
+    """Anonymous resident bytes by owner. glibc's heaps: [heap] (the main arena) and the
+    read-write maps that start on a 64 MiB boundary (a thread arena's heap; the unused rest
+    of its 64 MiB is a PROT_NONE map, merged with its neighbour's when that is one too);
+    stacks: a read-write map right above a PROT_NONE guard of under 1 MiB."""
+    out = {"heap_rss": 0, "main_heap_size": 0, "main_heap_rss": 0, "stack_rss": 0,
+           "lib_anon": 0, "huge": 0}
     by_size = {"anon_lt1m": 0, "anon_1m": 0, "anon_2_8m": 0, "anon_8_32m": 0, "anon_ge32m": 0}
     previous = None
     for vma in vmas:
         anon, size = vma.get("Anonymous", 0), vma["end"] - vma["start"]
         out["huge"] += vma.get("AnonHugePages", 0)
-        if vma["name"] == "[heap]" or vma["start"] // HEAP_MAX * HEAP_MAX in heap_regions \
-                and vma["perms"] == "rw-p" and not vma["name"]:
+        if vma["name"] == "[heap]":
             out["heap_rss"] += anon
+            out["main_heap_size"] += size
+            out["main_heap_rss"] += anon
         elif vma["name"].startswith("/"):
             out["lib_anon"] += anon
+        elif vma["perms"] == "rw-p" and vma["start"] % HEAP_MAX == 0 and size <= HEAP_MAX:
+            out["heap_rss"] += anon
         elif vma["perms"] == "rw-p" and previous and previous["perms"] == "---p" \
-                and previous["end"] == vma["start"] and not previous["name"]:
+                and previous["end"] == vma["start"] and not previous["name"] \
+                and previous["end"] - previous["start"] < 1 << 20:
             out["stack_rss"] += anon
         elif anon:
             key = ("anon_lt1m" if size < 1 << 20 else "anon_1m" if size < 2 << 20 else
