@@ -122,3 +122,11 @@ def test_a_run_recorded_before_the_settle_is_judged_by_its_drained_end_and_says_
     assert checked["RSS flat within 5% after warm-up"] is False
     assert "idle at the end: 740 MiB, read as soon as the gauges read 0" in markdown(
         result, rows, checked)
+
+
+def test_the_soak_client_drops_idle_connections_before_the_server_closes_them():
+    """Else a request can go out on a connection the server is closing (a reset, counted
+    as a lost reply that the server never received)."""
+    import uvicorn
+
+    assert soak.KEEPALIVE_EXPIRY < uvicorn.Config(app=None).timeout_keep_alive
