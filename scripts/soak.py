@@ -52,9 +52,8 @@ SETTLE_SECONDS = 5.0
 SETTLE_EVERY = 0.5  # seconds between the RSS readings while it settles
 # uvicorn closes a connection idle for 5 s (its timeout_keep_alive) and httpx keeps one for
 # 5 s by default: a request sent on a connection just as the server closes it meets a reset,
-# unread and unanswered, counted as lost though the server never saw it (one in ~10,000 in
-# a 30-minute run, 2.4 ms after it was sent, 4.997 s after that connection's last reply).
-# The client drops idle connections well before the server does.
+# unread and unanswered, and counted as lost though the server never saw it
+# (docs/notebook/soak_rss.md, round 3). The client drops idle connections well before.
 KEEPALIVE_EXPIRY = 2.0  # seconds
 
 

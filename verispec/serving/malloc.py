@@ -14,12 +14,12 @@ step's short-lived tensors reuse rather than fault in again.
 
 A heap grows by what is asked plus the pad, and the pad's pages join the RSS only when
 something first writes them. The event loop's heap (the main thread's) grows at start-up and
-at the first requests (llguidance's tables, code compiled on first use), then stops: its pad
+at the first requests (llguidance's tables, code compiled on first use), then hardly: its pad
 stayed unwritten until the first burst whose short-lived objects reached that deep, minutes
 into the traffic, and the RSS stepped up by most of the pad and stayed (trimming keeps the
 pad). `keep_heap_top_resident`, run by the app from its start, faults that heap's free top in
-every few seconds (`populate_heap_top`; nothing to do once it is resident), so the RSS
-follows the heap's size rather than the deepest burst so far.
+every HEAP_TOP_EVERY seconds (`populate_heap_top`; little to do once it is resident), so the
+RSS follows the heap's size rather than the deepest burst so far.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ TOP_PAD = 16 << 20  # a step's logits at 8 requests fit: trimming keeps this muc
 _fixed = False  # whether this process set them
 MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable, leave what they hold
 _TOP_HEADER = 2 * ctypes.sizeof(ctypes.c_size_t)  # a chunk's header: glibc keeps its size there
-HEAP_TOP_EVERY = 10.0  # seconds between populate_heap_top calls: a few ms when the top is new
+HEAP_TOP_EVERY = 10.0  # seconds between populate_heap_top calls, on the event loop
 
 
 def fix_thresholds() -> bool:
