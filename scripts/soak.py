@@ -13,8 +13,11 @@ than the batch and the queue together arrives at once. Every reply is checked: a
 greedy one must equal its solo reply, a JSON-schema reply
 must validate, a tool call's arguments must validate, a predicted reply must also
 equal the same request's solo reply without the prediction, every reply id must be
-new. Every 2 s the server's RSS and its /metrics gauges are sampled. The records go
-to OUT/soak.json; scripts/soak_report.py turns them into the report and the plot.
+new. Every 2 s the server's RSS and its /metrics gauges are sampled. After the traffic,
+once every client has finished, the gauges are read until they are 0 (the drained
+sample), and the idle RSS at the end is read SETTLE_SECONDS later (the settled sample,
+the one the RSS goal uses; the RSS in between is sampled every half second). The records
+go to OUT/soak.json; scripts/soak_report.py turns them into the report and the plot.
 """
 from __future__ import annotations
 
@@ -41,6 +44,17 @@ GAUGES = ("queue_depth", "running_requests", "kv_caches")
 # The live set (KV caches, a step's tensors) moves the RSS by tens of MiB within seconds:
 # a minute's mean needs many samples to be the minute's, not the moments' (soak_rss.md).
 SAMPLE_EVERY = 2.0  # seconds
+# The gauges read 0 as soon as the scheduler frees the last request, while its reply may
+# still be on its way out and its step's last buffers not yet freed: the end sample of an
+# idle server is read a few seconds later, when the server has had time to settle (several
+# of its idle loop's turns and 2.5 sampling periods), the same wait in every run.
+SETTLE_SECONDS = 5.0
+SETTLE_EVERY = 0.5  # seconds between the RSS readings while it settles
+# uvicorn closes a connection idle for 5 s (its timeout_keep_alive) and httpx keeps one for
+# 5 s by default: a request sent on a connection just as the server closes it meets a reset,
+# unread and unanswered, and counted as lost though the server never saw it
+# (docs/notebook/soak_rss.md, round 3). The client drops idle connections well before.
+KEEPALIVE_EXPIRY = 2.0  # seconds
 
 
 @dataclass
@@ -183,11 +197,12 @@ class Soak:
             except asyncio.TimeoutError:
                 pass
 
-    async def sample(self, client) -> Sample:
+    async def sample(self, client, keep: bool = True) -> Sample:
         text = (await client.get("/metrics")).text
         gauges = {name: gauge(text, name) for name in GAUGES}
         sample = Sample(time.monotonic() - self.began, rss_mb(self.pid), gauges, load_average())
-        self.samples.append(sample)
+        if keep:
+            self.samples.append(sample)
         return sample
 
     async def drain(self, client, timeout: float = 120.0) -> Sample:
@@ -198,6 +213,16 @@ class Soak:
             if not any(sample.gauges.values()) or time.monotonic() > end:
                 return sample
             await asyncio.sleep(1.0)
+
+    async def settle(self, client, seconds: float) -> tuple[Sample, list[Sample]]:
+        """The idle server `seconds` after it drained: (that sample with the gauges, the
+        RSS readings on the way)."""
+        drained = time.monotonic()
+        on_the_way = []
+        while time.monotonic() - drained < seconds:
+            await asyncio.sleep(min(SETTLE_EVERY, seconds - (time.monotonic() - drained)))
+            on_the_way.append(Sample(time.monotonic() - self.began, rss_mb(self.pid)))
+        return await self.sample(client, keep=False), on_the_way
 
 
 def fold(chunks: list[dict], chat: bool) -> dict:
@@ -294,7 +319,8 @@ async def run(args: argparse.Namespace) -> dict:
     try:
         await wait_ready(url, server)
         soak = Soak(url, server.pid if server else args.pid, args.seed)
-        limits = httpx.Limits(max_connections=args.clients + args.burst + 8)
+        limits = httpx.Limits(max_connections=args.clients + args.burst + 8,
+                              keepalive_expiry=KEEPALIVE_EXPIRY)
         async with httpx.AsyncClient(base_url=url, timeout=args.timeout, limits=limits) as client:
             pool = templates((await client.get("/v1/models")).json()["data"][0]["id"],
                              args.max_tokens)
@@ -310,14 +336,16 @@ async def run(args: argparse.Namespace) -> dict:
                   range(args.clients)),
                 soak.bursts(client, pool, deadline, args.burst_every, args.burst))
             traffic_end = time.monotonic() - soak.began
-            final = await soak.drain(client)
+            drained = await soak.drain(client)
             stop.set()
             await sampling
+            final, settling = await soak.settle(client, SETTLE_SECONDS)
         return {"settings": vars(args), "traffic_seconds": traffic_end, "cpus": os.cpu_count(),
-                "sample_every": SAMPLE_EVERY,
+                "sample_every": SAMPLE_EVERY, "settle_seconds": SETTLE_SECONDS,
                 "templates": [t.describe() for t in pool],
                 "records": [asdict(r) for r in soak.records],
-                "samples": [asdict(s) for s in soak.samples], "final": asdict(final)}
+                "samples": [asdict(s) for s in soak.samples], "drained": asdict(drained),
+                "settling": [asdict(s) for s in settling], "final": asdict(final)}
     finally:
         if server is not None:
             server.send_signal(signal.SIGINT)

@@ -1,10 +1,12 @@
 """verispec.serving.malloc: with fixed thresholds a freed heap top goes back to the system,
-where glibc's adapted ones keep it (the soak's RSS saw-tooth, docs/notebook/soak_rss.md)."""
+where glibc's adapted ones keep it (the soak's RSS saw-tooth, docs/notebook/soak_rss.md); a
+heap's pad, faulted in at start, does not step the RSS up when a burst first reaches it."""
 from __future__ import annotations
 
 import platform
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,74 @@ def kept_kib(mode: str) -> int:
 def test_fixed_thresholds_give_a_freed_heap_top_back():
     assert kept_kib("adapted") >= 28 * 1024  # glibc's own behaviour: the 30 MiB stay
     assert kept_kib("fixed") < (malloc.TOP_PAD + malloc.TRIM_THRESHOLD) // 1024
+
+
+# After the heap has grown (a long-lived 8 MiB block: the heap grows by it and the pad), a
+# 12 MiB short-lived block is written and freed; prints how many KiB of RSS that kept, and
+# what populate_heap_top returned.
+_PAD_CHILD = """
+import ctypes, importlib.util, sys
+spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+def rss_kib():
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+if sys.argv[2] in ("fixed", "faulted"):
+    assert module.fix_thresholds()
+lasting = libc.malloc(8 << 20)
+ctypes.memset(lasting, 1, 8 << 20)
+faulted = module.populate_heap_top() if sys.argv[2].endswith("faulted") else None
+before = rss_kib()
+burst = libc.malloc(12 << 20)
+ctypes.memset(burst, 1, 12 << 20)
+libc.free(burst)
+print(rss_kib() - before, faulted)
+"""
+
+
+def pad_kept_kib(mode: str) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-c", _PAD_CHILD, str(Path(malloc.__file__)), mode],
+                          capture_output=True, text=True, check=True, timeout=60)
+    kept, faulted = done.stdout.split()
+    return int(kept), faulted
+
+
+def test_a_heap_top_populated_at_start_keeps_a_later_burst_from_stepping_the_rss_up():
+    # glibc's own behaviour with the pad: the burst's pages of it stay resident
+    assert pad_kept_kib("fixed")[0] >= 10 * 1024
+    assert pad_kept_kib("faulted") == (pytest.approx(0, abs=1024), "True")
+    # without fixed thresholds there is no pad: nothing to do
+    assert pad_kept_kib("adapted-faulted")[1] == "False"
+
+
+def test_the_app_keeps_the_heap_top_resident_while_it_serves(monkeypatch):
+    """The heap grows at the first requests too: the app populates its top again and again
+    from its start, and stops when it stops; not at all without fixed thresholds."""
+    import time
+
+    from conftest import tiny_engine
+
+    from verispec.serving import server
+
+    calls = []
+    monkeypatch.setattr(malloc, "populate_heap_top",
+                        lambda: calls.append(threading.current_thread().name))
+    monkeypatch.setattr(malloc, "HEAP_TOP_EVERY", 0.05)
+    app = server.create_app(tiny_engine(), server.ServerConfig(("tiny",)))
+    with server.ServerThread(app):
+        time.sleep(0.5)
+    assert calls == []  # thresholds not fixed in this process: nothing to keep
+    monkeypatch.setattr(malloc, "_fixed", True)
+    with server.ServerThread(server.create_app(tiny_engine(), server.ServerConfig(("tiny",)))):
+        time.sleep(0.5)
+        assert len(calls) >= 4 and set(calls) == {"verispec-http"}  # from the loop
+    stopped = len(calls)
+    time.sleep(0.2)
+    assert len(calls) == stopped

@@ -11,15 +11,30 @@ memory leaked (docs/notebook/soak_rss.md). Fixed values keep the large blocks in
 as the adapted ones do (an mmap per step's logits would fault its pages in every step),
 give a heap's free top back once a few MiB lie there, and keep a pad at the top that a
 step's short-lived tensors reuse rather than fault in again.
+
+A heap grows by what is asked plus the pad, and the pad's pages join the RSS only when
+something first writes them. The event loop's heap (the main thread's) grows at start-up and
+at the first requests (llguidance's tables, code compiled on first use), then hardly: its pad
+stayed unwritten until the first burst whose short-lived objects reached that deep, minutes
+into the traffic, and the RSS stepped up by most of the pad and stayed (trimming keeps the
+pad). `keep_heap_top_resident`, run by the app from its start, faults that heap's free top in
+every HEAP_TOP_EVERY seconds (`populate_heap_top`; little to do once it is resident), so the
+RSS follows the heap's size rather than the deepest burst so far.
 """
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import mmap
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # mallopt's parameters (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # the ceiling glibc's adapted value reaches on 64-bit
 TRIM_THRESHOLD = 4 << 20
 TOP_PAD = 16 << 20  # a step's logits at 8 requests fit: trimming keeps this much
+_fixed = False  # whether this process set them
+MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable, leave what they hold
+_TOP_HEADER = 2 * ctypes.sizeof(ctypes.c_size_t)  # a chunk's header: glibc keeps its size there
+HEAP_TOP_EVERY = 10.0  # seconds between populate_heap_top calls, on the event loop
 
 
 def fix_thresholds() -> bool:
@@ -32,4 +47,45 @@ def fix_thresholds() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
                 (M_TOP_PAD, TOP_PAD))
-    return all([mallopt(parameter, value) for parameter, value in settings])
+    global _fixed
+    _fixed = all([mallopt(parameter, value) for parameter, value in settings])
+    return _fixed
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def populate_heap_top() -> bool:
+    """Fault in the main heap's free top (its first pad and trim threshold's worth), its
+    contents untouched: madvise(MADV_POPULATE_WRITE) over the pages past the top chunk's
+    header. The main heap is the main thread's, where `verispec serve`'s event loop runs;
+    call it once that heap has done its growing. False where it does nothing: thresholds
+    not fixed in this process (`fix_thresholds`), no mallinfo2, or a kernel before 5.14."""
+    if not _fixed:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        libc.mallinfo2.restype = _MallInfo2
+    except AttributeError:
+        return False
+    libc.sbrk.restype = ctypes.c_void_p
+    libc.sbrk.argtypes = [ctypes.c_ssize_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    end = libc.sbrk(0)  # the main heap's end: its top chunk ends here
+    top = end - libc.mallinfo2().keepcost  # keepcost: the main heap's top chunk's size
+    first = (top + _TOP_HEADER + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+    last = min(end, first + TOP_PAD + TRIM_THRESHOLD)  # the top is used from its start
+    return first < last and libc.madvise(first, last - first, MADV_POPULATE_WRITE) == 0
+
+
+async def keep_heap_top_resident() -> None:
+    """`populate_heap_top` now and every HEAP_TOP_EVERY seconds, for as long as the task
+    runs; returns at once where the thresholds are not fixed in this process."""
+    if not _fixed:
+        return
+    while True:
+        populate_heap_top()
+        await asyncio.sleep(HEAP_TOP_EVERY)

@@ -31,6 +31,7 @@ from verispec.api import Engine
 from verispec.serving import conformance, playground
 from verispec.serving.background import ServerThread  # noqa: F401  (the tests' and benchmarks' entry)
 from verispec.serving.errors import APIError, ErrorBody, validation_error
+from verispec.serving.malloc import keep_heap_top_resident
 from verispec.serving.metrics import ServingMetrics
 from verispec.serving.protocol import Request as Body
 from verispec.serving.protocol import ServeDefaults, build_job
@@ -67,7 +68,10 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # the loop's heap: its pad resident once it has grown, not at a burst minutes later
+        heap_top = asyncio.create_task(keep_heap_top_resident())
         yield
+        heap_top.cancel()
         await asyncio.to_thread(scheduler.close, config.shutdown_timeout)
 
     # Not strict about the content type: a body sent without one is read as JSON.
