@@ -6,6 +6,12 @@ import threading
 import time
 
 
+# Longer than clients' idle expiry (httpx's, so openai-python's: 5 s): the client then
+# closes an idle connection first. Were the server to close it at the same moment, a
+# request the client had just sent on it would be reset, unread.
+KEEP_ALIVE_SECONDS = 75
+
+
 class ServerThread:
     """Serve an app from a background thread on a socket bound before start
     (port 0 = a free port, no race): for tests and in-process benchmarks."""
@@ -17,8 +23,8 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
-                                                    timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                                    timeout_keep_alive=KEEP_ALIVE_SECONDS))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="verispec-http", daemon=True)
 

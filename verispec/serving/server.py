@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.api import Engine
 from verispec.serving import conformance, playground
+from verispec.serving.background import KEEP_ALIVE_SECONDS
 from verispec.serving.background import ServerThread  # noqa: F401  (the tests' and benchmarks' entry)
 from verispec.serving.errors import APIError, ErrorBody, validation_error
 from verispec.serving.malloc import keep_heap_top_resident
@@ -171,4 +172,4 @@ def serve(engine: Engine, config: ServerConfig, host: str, port: int,
     import uvicorn
 
     uvicorn.run(create_app(engine, config), host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=int(config.shutdown_timeout))
+                timeout_graceful_shutdown=int(config.shutdown_timeout), timeout_keep_alive=KEEP_ALIVE_SECONDS)
