@@ -158,7 +158,7 @@ void q6k(const uint8_t* t0, int h0, const XBlock<R>& x, float* acc, const Ahead&
 // Halves swept at once for R <= kMaxRows rows: R x H <= 8 sub-block accumulators
 // beside the 2H unpacked vectors, within the 16 registers (8 rows of one half a
 // sweep measured slower than two chunks of 4: a broadcast of x fed one VPDPBUSD).
-constexpr int halves_for(int rows) { return 2; }
+constexpr int halves_for(int rows) { return rows == 1 ? 4 : 2; }
 
 template <int Type, int R>
 void chunk(const uint8_t* block, const Rows& x, int64_t r0, int64_t b, float* acc, const char* next) {

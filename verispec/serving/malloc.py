@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import mmap
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # mallopt's parameters (malloc.h)
@@ -58,22 +59,29 @@ class _MallInfo2(ctypes.Structure):
         "fordblks", "keepcost")]
 
 
+@functools.cache
+def _libc():
+    """libc with mallinfo2, sbrk and madvise typed, or None without mallinfo2 (glibc < 2.33)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        libc.mallinfo2.restype = _MallInfo2
+    except AttributeError:
+        return None
+    libc.sbrk.restype = ctypes.c_void_p
+    libc.sbrk.argtypes = [ctypes.c_ssize_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
 def populate_heap_top() -> bool:
     """Fault in the main heap's free top (its first pad and trim threshold's worth), its
     contents untouched: madvise(MADV_POPULATE_WRITE) over the pages past the top chunk's
     header. The main heap is the main thread's, where `verispec serve`'s event loop runs;
     call it once that heap has done its growing. False where it does nothing: thresholds
     not fixed in this process (`fix_thresholds`), no mallinfo2, or a kernel before 5.14."""
-    if not _fixed:
+    libc = _libc()
+    if not _fixed or libc is None:
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        libc.mallinfo2.restype = _MallInfo2
-    except AttributeError:
-        return False
-    libc.sbrk.restype = ctypes.c_void_p
-    libc.sbrk.argtypes = [ctypes.c_ssize_t]
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     end = libc.sbrk(0)  # the main heap's end: its top chunk ends here
     top = end - libc.mallinfo2().keepcost  # keepcost: the main heap's top chunk's size
     first = (top + _TOP_HEADER + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
