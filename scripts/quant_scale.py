@@ -50,6 +50,7 @@ def verispec_child(model: str, threads: int, weights: str, context: int, steps: 
     import torch
     from quant_speed import cost_curve  # scripts/, beside this file
 
+    from verispec.bench.collector import frozen_heap
     from verispec.models.loading import load_target
 
     torch.set_num_threads(threads)
@@ -57,7 +58,7 @@ def verispec_child(model: str, threads: int, weights: str, context: int, steps: 
     target = loaded.target
     tokens = list(range(1000, 1000 + context + steps + max(ns) + 1))
     cache = target.new_cache(context + steps + max(ns) + 2)
-    with torch.inference_mode():
+    with torch.inference_mode(), frozen_heap():
         target.forward(torch.tensor(tokens[:context]), cache, num_logits=1)
         target.forward(torch.tensor([tokens[context]]), cache)  # one untimed step
         wall, cpu = time.perf_counter(), time.process_time()

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from verispec.bench.collector import frozen_heap
 from verispec.bench.workloads import load_workload
 
 _FIT_N = 8  # the overhead slope is fitted over n = 1..8, the k+1 range that matters
@@ -205,21 +206,22 @@ def measure(target, ids: list[int], context: int, max_n: int, repeats: int,
         draft_cache.truncate(context)
         return seconds
 
-    for _ in range(warmup):
-        for n in (1, max_n):
-            target_step(n)
-        if draft is not None:
-            draft_step()
     ns = sorted(widths) if widths else list(range(1, max_n + 1))
     samples: dict[int, list[float]] = {n: [] for n in ns}
     draft_samples: list[float] = []
-    for rep in range(repeats):
-        # Alternate the sweep direction so slow drift does not tilt the curve.
-        order = ns if rep % 2 == 0 else ns[::-1]
-        for n in order:
-            samples[n].append(target_step(n))
+    with frozen_heap():
+        for _ in range(warmup):
+            for n in (1, max_n):
+                target_step(n)
             if draft is not None:
-                draft_samples.append(draft_step())
+                draft_step()
+        for rep in range(repeats):
+            # Alternate the sweep direction so slow drift does not tilt the curve.
+            order = ns if rep % 2 == 0 else ns[::-1]
+            for n in order:
+                samples[n].append(target_step(n))
+                if draft is not None:
+                    draft_samples.append(draft_step())
     return Profile(
         n=list(samples), seconds=[statistics.median(v) for v in samples.values()],
         samples=list(samples.values()), context=context, repeats=repeats, draft=draft_name,

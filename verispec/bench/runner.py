@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
+from verispec.bench.collector import frozen_heap
 from verispec.bench.configs import PEER, BenchConfig
 from verispec.bench.workloads import Prompt, validate_output
 from verispec.config import Grammar, SamplingParams
@@ -250,12 +251,8 @@ def run_bench(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[
         warm_up(runner, prompts[0], configs)
     # What is alive now (the model, the modules) outlives the bench: frozen, it is out of the
     # collection before each run, which then walks only what the runs left behind.
-    gc.collect()
-    gc.freeze()
-    try:
+    with frozen_heap():
         return _run_all(runner, prompts, configs, progress, repeats)
-    finally:
-        gc.unfreeze()
 
 
 def _run_all(runner: Runner, prompts: Sequence[BenchPrompt], configs: Sequence[BenchConfig],
