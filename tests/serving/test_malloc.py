@@ -129,3 +129,37 @@ def test_the_app_keeps_the_heap_top_resident_while_it_serves(monkeypatch):
     stopped = len(calls)
     time.sleep(0.2)
     assert len(calls) == stopped
+
+
+# A thread started after the call allocates a block (below the mmap threshold, past the
+# thread's cache of small blocks); prints whether it came from the main heap (brk's).
+_THREAD_CHILD = """
+import ctypes, importlib.util, sys, threading
+spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.sbrk.restype = ctypes.c_void_p
+if sys.argv[2] == "fixed":
+    assert module.fix_thresholds()
+start, found = libc.sbrk(0), []
+thread = threading.Thread(target=lambda: found.append(libc.malloc(64 << 10)))
+thread.start()
+thread.join()
+print(found[0] < libc.sbrk(0))
+"""
+
+
+def in_main_heap(mode: str) -> str:
+    done = subprocess.run([sys.executable, "-c", _THREAD_CHILD, str(Path(malloc.__file__)), mode],
+                          capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.strip()
+
+
+def test_threads_started_after_the_fix_allocate_from_the_main_heap():
+    """One arena: the scheduler thread's KV caches and step tensors come from the heap whose
+    top `populate_heap_top` keeps, not from a thread arena's 64 MiB heaps of their own."""
+    assert in_main_heap("adapted") == "False"  # glibc's own: a thread arena per thread
+    assert in_main_heap("fixed") == "True"

@@ -28,10 +28,11 @@ import ctypes
 import functools
 import mmap
 
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # mallopt's parameters (malloc.h)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8  # mallopt's (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # the ceiling glibc's adapted value reaches on 64-bit
 TRIM_THRESHOLD = 4 << 20
 TOP_PAD = 16 << 20  # a step's logits at 8 requests fit: trimming keeps this much
+ARENA_MAX = 1  # every thread allocates from the main heap, whose top populate_heap_top keeps
 _fixed = False  # whether this process set them
 MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable, leave what they hold
 _TOP_HEADER = 2 * ctypes.sizeof(ctypes.c_size_t)  # a chunk's header: glibc keeps its size there
@@ -47,7 +48,7 @@ def fix_thresholds() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-                (M_TOP_PAD, TOP_PAD))
+                (M_TOP_PAD, TOP_PAD), (M_ARENA_MAX, ARENA_MAX))
     global _fixed
     _fixed = all([mallopt(parameter, value) for parameter, value in settings])
     return _fixed

@@ -131,6 +131,15 @@ class VerispecReplica:
         self._pusher = threading.Thread(target=self._push, name="verispec-metrics-push",
                                         daemon=True)
         self._pusher.start()
+        self._heap_top: Optional[asyncio.Task] = None  # ends with the replica's process
+
+    def _keep_heap_top(self) -> None:
+        """Start `keep_heap_top_resident` on the replica's loop, once: Ray Serve calls the
+        app without its lifespan, which starts it in `verispec serve`."""
+        if self._heap_top is None:
+            from verispec.serving.malloc import keep_heap_top_resident
+
+            self._heap_top = asyncio.get_running_loop().create_task(keep_heap_top_resident())
 
     def _push(self) -> None:
         hub = None
@@ -148,6 +157,7 @@ class VerispecReplica:
                       affinity: Optional[str] = None):
         """The app's response to one request: (status, headers), then body chunks;
         the headers name this replica (x-verispec-replica). `affinity` is for the router."""
+        self._keep_heap_top()
         parts = ray_bridge.call_asgi(self.app, method, path, query, headers, body)
         try:
             status, sent = await parts.__anext__()

@@ -10,7 +10,8 @@ and Python's allocated blocks. Every 10 s the line also splits the anonymous mem
 where it lives (`maps()`): glibc's heaps (each heap's size against its resident pages),
 CPython's object arenas (from `_PyObject_DebugMallocStats`), thread stacks, libraries'
 writable data and the other anonymous maps by size; every 60 s every anonymous map goes
-to OUT.maps.jsonl, to diff the maps around a step. With PROBE_TRACEMALLOC=1, tracemalloc runs
+to OUT.maps.jsonl, to diff the maps around a step, with every thread's id and name (to
+read an strace of the server by thread). With PROBE_TRACEMALLOC=1, tracemalloc runs
 and every 60 s a line lists the 12 source lines whose Python allocations grew most since
 the first snapshot. With PROBE_TRIM=1 the probe calls malloc_trim(0) before each sample
 and times it.
@@ -136,6 +137,20 @@ def heap_sizes() -> list[int]:
                                       text, re.S)]
 
 
+def threads() -> dict:
+    """Every thread of the process, its id (as strace and /proc name it) to its name: the
+    Python thread's name where it is one, else the kernel's (comm)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as fh:
+                out[tid] = names.get(int(tid), fh.read().strip())
+        except OSError:  # the thread ended
+            pass
+    return out
+
+
 def live_kv_bytes() -> int:
     total = 0
     for scheduler in SCHEDULERS:
@@ -187,7 +202,7 @@ def probe(path: str, every: float = 2.0) -> None:
                 line["maps_ms"] = round(1000 * (time.perf_counter() - t0), 1)
                 if line["t"] - last_dump >= 60:
                     last_dump = line["t"]
-                    dump.write(json.dumps({"t": line["t"], "vmas": [
+                    dump.write(json.dumps({"t": line["t"], "threads": threads(), "vmas": [
                         v for v in vmas if v.get("Anonymous") or not v["name"]]}) + "\n")
                     dump.flush()
             if tracemalloc.is_tracing() and line["t"] - last_trace >= 60:
