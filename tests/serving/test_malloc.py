@@ -131,25 +131,31 @@ def test_the_app_keeps_the_heap_top_resident_while_it_serves(monkeypatch):
     assert len(calls) == stopped
 
 
-# A thread started after the call allocates a block (below the mmap threshold, past the
-# thread's cache of small blocks); prints whether it came from the main heap (brk's).
-_THREAD_CHILD = """
-import ctypes, importlib.util, sys, threading
-spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
+# A thread started now allocates a block (below the mmap threshold, past the thread's cache
+# of small blocks); leaves in `in_main` whether it came from the main heap (brk's). Plain
+# ctypes, as KEPT_KIB: it runs in a Ray replica too.
+IN_MAIN_HEAP = """
+import ctypes, threading
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
 libc.sbrk.restype = ctypes.c_void_p
-if sys.argv[2] == "fixed":
-    assert module.fix_thresholds()
-start, found = libc.sbrk(0), []
+found = []
 thread = threading.Thread(target=lambda: found.append(libc.malloc(64 << 10)))
 thread.start()
 thread.join()
-print(found[0] < libc.sbrk(0))
+in_main = found[0] < libc.sbrk(0)
+libc.free(found[0])
 """
+_THREAD_CHILD = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+if sys.argv[2] == "fixed":
+    assert module.fix_thresholds()
+""" + IN_MAIN_HEAP + "print(in_main)\n"
 
 
 def in_main_heap(mode: str) -> str:

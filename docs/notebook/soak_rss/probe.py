@@ -6,7 +6,8 @@ Every 2 s one JSON line: the process's RSS (anon and file), glibc's mallinfo2 (b
 use, free inside the heaps, mmapped), the number of malloc arenas (malloc_info's heaps),
 threads, the live KV caches' bytes (every cache the scheduler holds), the global suffix
 store's bytes and shape (outputs, live tokens, index entries, stream slots, anchor keys),
-and Python's allocated blocks. Every 10 s the line also splits the anonymous memory by
+and Python's allocated blocks, from the moment `verispec serve` sets its malloc settings
+(`fix_thresholds`). Every 10 s the line also splits the anonymous memory by
 where it lives (`maps()`): glibc's heaps (each heap's size against its resident pages),
 CPython's object arenas (from `_PyObject_DebugMallocStats`), thread stacks, libraries'
 writable data and the other anonymous maps by size; every 60 s every anonymous map goes
@@ -27,6 +28,7 @@ import threading
 import time
 import tracemalloc
 
+import verispec.serving.malloc as malloc_module
 import verispec.serving.scheduler as scheduler_module
 from verispec.cli.main import main
 
@@ -230,7 +232,17 @@ def run() -> int:
     scheduler_module.Scheduler.__init__ = recorded
     if os.environ.get("PROBE_TRACEMALLOC"):
         tracemalloc.start(4)
-    threading.Thread(target=probe, args=(out,), daemon=True).start()
+    fix_thresholds = malloc_module.fix_thresholds
+
+    def then_probe() -> bool:
+        # The probe's thread starts after the server's malloc settings, as the server's own
+        # threads do: started before them, it would own an arena that those threads then
+        # share (glibc hands a thread an existing arena once M_ARENA_MAX are made).
+        fixed = fix_thresholds()
+        threading.Thread(target=probe, args=(out,), daemon=True).start()
+        return fixed
+
+    malloc_module.fix_thresholds = then_probe
     return main(argv)
 
 
