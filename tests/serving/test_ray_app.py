@@ -61,7 +61,8 @@ def test_build_app_options():
     replica = app._bound_deployment.init_args[0]._bound_deployment
     scaling = replica._deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (1, 4, 6)
-    assert replica.ray_actor_options == {"num_cpus": 2.0, "num_gpus": 1.0}
+    assert replica.ray_actor_options == {"num_cpus": 2.0, "num_gpus": 1.0, "runtime_env": {
+        "env_vars": {"MALLOC_ARENA_MAX": "1"}}}
     assert replica.max_ongoing_requests == 12
     with pytest.raises(ValueError, match="replicas"):
         build_app({"replicas": "4:1"})
