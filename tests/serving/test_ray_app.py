@@ -86,6 +86,10 @@ def test_example_config_builds():
     app = call_user_app_builder_with_args_if_necessary(import_attr(entry.import_path), entry.args)
     assert app._bound_deployment.name == "VerispecIngress"
     assert {d.name for d in entry.deployments} == {"VerispecReplica", "VerispecIngress"}
+    # Serve takes a deployment's ray_actor_options from the config whole, not merged with
+    # the app's: the replica's one malloc arena must be there too.
+    replica = next(d for d in entry.deployments if d.name == "VerispecReplica")
+    assert replica.ray_actor_options.runtime_env["env_vars"]["MALLOC_ARENA_MAX"] == "1"
 
 
 @pytest.fixture
