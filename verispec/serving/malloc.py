@@ -20,6 +20,13 @@ into the traffic, and the RSS stepped up by most of the pad and stayed (trimming
 pad). `keep_heap_top_resident`, run by the app from its start, faults that heap's free top in
 every HEAP_TOP_EVERY seconds (`populate_heap_top`; little to do once it is resident), so the
 RSS follows the heap's size rather than the deepest burst so far.
+
+One arena (`M_ARENA_MAX`): left alone, glibc gives each thread that allocates an arena of its
+own, and a thread arena grows in heaps of at most 64 MiB, each with its own pad. The scheduler
+thread's KV caches and step tensors crossed that size as the live set moved, making and
+dropping heaps: a new heap kept its pad resident (a floor step) and a block near a heap's top
+held the free memory below it (a plateau). Set before the server starts its threads, the
+limit puts every thread on the main heap, the one whose top is kept resident.
 """
 from __future__ import annotations
 
@@ -40,8 +47,9 @@ HEAP_TOP_EVERY = 10.0  # seconds between populate_heap_top calls, on the event l
 
 
 def fix_thresholds() -> bool:
-    """Set the thresholds and the pad (which also stops glibc adapting them); False where
-    the C library has no mallopt or refuses it (not glibc)."""
+    """Set the thresholds and the pad (which also stops glibc adapting them) and one arena,
+    for the threads started after; False where the C library has no mallopt or refuses it
+    (not glibc)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
