@@ -46,13 +46,19 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 if sys.argv[2] == "fixed":
     assert module.fix_thresholds()
-""" + KEPT_KIB + "print(kept)\n"
+"""
+
+
+def child(mode: str, check: str, name: str) -> str:
+    """`check` run in a child after fix_thresholds (mode "fixed") or not; prints `name`."""
+    done = subprocess.run([sys.executable, "-c", _CHILD + check + f"print({name})\n",
+                           str(Path(malloc.__file__)), mode],
+                          capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.strip()
 
 
 def kept_kib(mode: str) -> int:
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(Path(malloc.__file__)), mode],
-                          capture_output=True, text=True, check=True, timeout=60)
-    return int(done.stdout)
+    return int(child(mode, KEPT_KIB, "kept"))
 
 
 def test_fixed_thresholds_give_a_freed_heap_top_back():
@@ -148,20 +154,10 @@ thread.join()
 in_main = found[0] < libc.sbrk(0)
 libc.free(found[0])
 """
-_THREAD_CHILD = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("malloc", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-if sys.argv[2] == "fixed":
-    assert module.fix_thresholds()
-""" + IN_MAIN_HEAP + "print(in_main)\n"
 
 
 def in_main_heap(mode: str) -> str:
-    done = subprocess.run([sys.executable, "-c", _THREAD_CHILD, str(Path(malloc.__file__)), mode],
-                          capture_output=True, text=True, check=True, timeout=60)
-    return done.stdout.strip()
+    return child(mode, IN_MAIN_HEAP, "in_main")
 
 
 def test_threads_started_after_the_fix_allocate_from_the_main_heap():
