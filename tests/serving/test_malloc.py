@@ -46,13 +46,19 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 if sys.argv[2] == "fixed":
     assert module.fix_thresholds()
-""" + KEPT_KIB + "print(kept)\n"
+"""
+
+
+def child(mode: str, check: str, name: str) -> str:
+    """`check` run in a child after fix_thresholds (mode "fixed") or not; prints `name`."""
+    done = subprocess.run([sys.executable, "-c", _CHILD + check + f"print({name})\n",
+                           str(Path(malloc.__file__)), mode],
+                          capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.strip()
 
 
 def kept_kib(mode: str) -> int:
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(Path(malloc.__file__)), mode],
-                          capture_output=True, text=True, check=True, timeout=60)
-    return int(done.stdout)
+    return int(child(mode, KEPT_KIB, "kept"))
 
 
 def test_fixed_thresholds_give_a_freed_heap_top_back():
@@ -129,3 +135,33 @@ def test_the_app_keeps_the_heap_top_resident_while_it_serves(monkeypatch):
     stopped = len(calls)
     time.sleep(0.2)
     assert len(calls) == stopped
+
+
+# A thread started now allocates a block (below the mmap threshold, past the thread's cache
+# of small blocks); leaves in `in_main` whether it came from the main heap (brk's). Plain
+# ctypes, as KEPT_KIB: it runs in a Ray replica too.
+IN_MAIN_HEAP = """
+import ctypes, threading
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.sbrk.restype = ctypes.c_void_p
+found = []
+thread = threading.Thread(target=lambda: found.append(libc.malloc(64 << 10)))
+thread.start()
+thread.join()
+in_main = found[0] < libc.sbrk(0)
+libc.free(found[0])
+"""
+
+
+def in_main_heap(mode: str) -> str:
+    return child(mode, IN_MAIN_HEAP, "in_main")
+
+
+def test_threads_started_after_the_fix_allocate_from_the_main_heap():
+    """One arena: the scheduler thread's KV caches and step tensors come from the heap whose
+    top `populate_heap_top` keeps, not from a thread arena's 64 MiB heaps of their own."""
+    assert in_main_heap("adapted") == "False"  # glibc's own: a thread arena per thread
+    assert in_main_heap("fixed") == "True"

@@ -61,7 +61,8 @@ def test_build_app_options():
     replica = app._bound_deployment.init_args[0]._bound_deployment
     scaling = replica._deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (1, 4, 6)
-    assert replica.ray_actor_options == {"num_cpus": 2.0, "num_gpus": 1.0}
+    assert replica.ray_actor_options == {"num_cpus": 2.0, "num_gpus": 1.0, "runtime_env": {
+        "env_vars": {"MALLOC_ARENA_MAX": "1"}}}
     assert replica.max_ongoing_requests == 12
     with pytest.raises(ValueError, match="replicas"):
         build_app({"replicas": "4:1"})
@@ -85,6 +86,10 @@ def test_example_config_builds():
     app = call_user_app_builder_with_args_if_necessary(import_attr(entry.import_path), entry.args)
     assert app._bound_deployment.name == "VerispecIngress"
     assert {d.name for d in entry.deployments} == {"VerispecReplica", "VerispecIngress"}
+    # Serve takes a deployment's ray_actor_options from the config whole, not merged with
+    # the app's: the replica's one malloc arena must be there too.
+    replica = next(d for d in entry.deployments if d.name == "VerispecReplica")
+    assert replica.ray_actor_options.runtime_env["env_vars"]["MALLOC_ARENA_MAX"] == "1"
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 import ray
 from ray import serve
 from ray_support import PREFIX, SETTINGS, free_port, get, post, small_model_dir
-from test_malloc import KEPT_KIB
+from test_malloc import IN_MAIN_HEAP, KEPT_KIB
 
 from verispec import Engine
 from verispec.serving import malloc
@@ -163,22 +163,68 @@ def test_health_and_metrics_cover_every_replica(ray_app, model_dir):
     assert len(per) == 2 and all(v > 0 for v in per.values()) and sum(per.values()) == total
 
 
+def replicas() -> list:
+    found = [ray.get_actor(entry["name"], namespace=entry["namespace"])
+             for entry in ray.util.list_named_actors(all_namespaces=True)
+             if "#VerispecReplica#" in entry["name"]]
+    assert len(found) == 2
+    return found
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_replicas_fix_the_malloc_thresholds(ray_app):
     """Each replica sets glibc's thresholds at start-up, as `verispec serve` does: in its
-    process a freed heap top goes back to the system (test_malloc.py's check, run there)."""
-    def kept_kib(_replica, code=KEPT_KIB) -> int:
+    process a freed heap top goes back to the system, and a thread started after (as the
+    scheduler's is) allocates from the main heap (test_malloc.py's checks, run there)."""
+    def run(_replica, code: str, name: str):
         scope: dict = {}
         exec(code, scope)
-        return scope["kept"]
+        return scope[name]
 
-    replicas = [ray.get_actor(entry["name"], namespace=entry["namespace"])
-                for entry in ray.util.list_named_actors(all_namespaces=True)
-                if "#VerispecReplica#" in entry["name"]]
-    assert len(replicas) == 2
-    for replica in replicas:
-        kept = ray.get(replica.__ray_call__.remote(kept_kib), timeout=60)
+    for replica in replicas():
+        kept = ray.get(replica.__ray_call__.remote(run, KEPT_KIB, "kept"), timeout=60)
         assert kept < (malloc.TOP_PAD + malloc.TRIM_THRESHOLD) // 1024, kept
+        assert ray.get(replica.__ray_call__.remote(run, IN_MAIN_HEAP, "in_main"), timeout=60)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_replicas_keep_their_heap_top_resident(ray_app, model_dir):
+    """Serve calls the app without its lifespan: a replica starts keep_heap_top_resident
+    itself at its first request, and it runs every HEAP_TOP_EVERY seconds after."""
+    def count(_replica) -> None:
+        from verispec.serving import malloc as replica_malloc
+
+        populate = replica_malloc.populate_heap_top
+        replica_malloc.calls = 0
+
+        def counted() -> bool:
+            replica_malloc.calls += 1
+            return populate()
+        counted.original = populate
+        replica_malloc.populate_heap_top = counted
+
+    def calls(_replica) -> int:
+        from verispec.serving import malloc as replica_malloc
+
+        return replica_malloc.calls
+
+    def restore(_replica) -> None:
+        from verispec.serving import malloc as replica_malloc
+
+        replica_malloc.populate_heap_top = replica_malloc.populate_heap_top.original
+
+    every = replicas()
+    ray.get([replica.__ray_call__.remote(count) for replica in every], timeout=60)
+    try:
+        served = {replica_of(ray_app, {"model": str(model_dir), "prompt": f"{i}: " + "z" * PREFIX,
+                                       "max_tokens": 2}) for i in range(10)}
+        assert len(served) == 2  # fails with chance 2**-9, as test_shared_long_prefix's
+        deadline = time.monotonic() + malloc.HEAP_TOP_EVERY + 5
+        while min(ray.get([r.__ray_call__.remote(calls) for r in every], timeout=60)) == 0:
+            assert time.monotonic() < deadline, "a replica never populated its heap top"
+            time.sleep(0.5)
+    finally:
+        ray.get([replica.__ray_call__.remote(restore) for replica in every], timeout=60)
 
 
 def replica_of(port: int, body: dict) -> str:

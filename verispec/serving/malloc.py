@@ -20,6 +20,13 @@ into the traffic, and the RSS stepped up by most of the pad and stayed (trimming
 pad). `keep_heap_top_resident`, run by the app from its start, faults that heap's free top in
 every HEAP_TOP_EVERY seconds (`populate_heap_top`; little to do once it is resident), so the
 RSS follows the heap's size rather than the deepest burst so far.
+
+One arena (`M_ARENA_MAX`): left alone, glibc gives each thread that allocates an arena of its
+own, and a thread arena grows in heaps of at most 64 MiB, each with its own pad. The scheduler
+thread's KV caches and step tensors crossed that size as the live set moved, making and
+dropping heaps: a new heap kept its pad resident (a floor step) and a block near a heap's top
+held the free memory below it (a plateau). Set before the server starts its threads, the
+limit puts every thread on the main heap, the one whose top is kept resident.
 """
 from __future__ import annotations
 
@@ -28,10 +35,11 @@ import ctypes
 import functools
 import mmap
 
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # mallopt's parameters (malloc.h)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8  # mallopt's (malloc.h)
 MMAP_THRESHOLD = 32 << 20  # the ceiling glibc's adapted value reaches on 64-bit
 TRIM_THRESHOLD = 4 << 20
 TOP_PAD = 16 << 20  # a step's logits at 8 requests fit: trimming keeps this much
+ARENA_MAX = 1  # every thread allocates from the main heap, whose top populate_heap_top keeps
 _fixed = False  # whether this process set them
 MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in writable, leave what they hold
 _TOP_HEADER = 2 * ctypes.sizeof(ctypes.c_size_t)  # a chunk's header: glibc keeps its size there
@@ -39,15 +47,16 @@ HEAP_TOP_EVERY = 10.0  # seconds between populate_heap_top calls, on the event l
 
 
 def fix_thresholds() -> bool:
-    """Set the thresholds and the pad (which also stops glibc adapting them); False where
-    the C library has no mallopt or refuses it (not glibc)."""
+    """Set the thresholds and the pad (which also stops glibc adapting them) and one arena,
+    for the threads started after; False where the C library has no mallopt or refuses it
+    (not glibc)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     settings = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-                (M_TOP_PAD, TOP_PAD))
+                (M_TOP_PAD, TOP_PAD), (M_ARENA_MAX, ARENA_MAX))
     global _fixed
     _fixed = all([mallopt(parameter, value) for parameter, value in settings])
     return _fixed

@@ -34,6 +34,7 @@ from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.serving import ray_bridge
+from verispec.serving.malloc import ARENA_MAX
 from verispec.serving.protocol import APIError
 from verispec.serving.ray_router import affinity_key
 
@@ -131,6 +132,15 @@ class VerispecReplica:
         self._pusher = threading.Thread(target=self._push, name="verispec-metrics-push",
                                         daemon=True)
         self._pusher.start()
+        self._heap_top: Optional[asyncio.Task] = None  # ends with the replica's process
+
+    def _keep_heap_top(self) -> None:
+        """Start `keep_heap_top_resident` on the replica's loop, once: Ray Serve calls the
+        app without its lifespan, which starts it in `verispec serve`."""
+        if self._heap_top is None:
+            from verispec.serving.malloc import keep_heap_top_resident
+
+            self._heap_top = asyncio.get_running_loop().create_task(keep_heap_top_resident())
 
     def _push(self) -> None:
         hub = None
@@ -148,6 +158,7 @@ class VerispecReplica:
                       affinity: Optional[str] = None):
         """The app's response to one request: (status, headers), then body chunks;
         the headers name this replica (x-verispec-replica). `affinity` is for the router."""
+        self._keep_heap_top()
         parts = ray_bridge.call_asgi(self.app, method, path, query, headers, body)
         try:
             status, sent = await parts.__anext__()
@@ -293,8 +304,12 @@ def build_app(args: Union[dict, RayAppArgs, None] = None) -> "serve.Application"
     _scheduler_config(settings)
     low, high = settings.replica_range()
     options: dict = {
+        # One malloc arena, as fix_thresholds sets in `verispec serve`; in a replica Ray's own
+        # threads have made arenas before __init__ runs, so only glibc's start-up reading of
+        # the environment puts the scheduler thread on the main heap (merged with the job's).
         "ray_actor_options": {"num_cpus": settings.replica_cpus,
-                              "num_gpus": settings.replica_gpus},
+                              "num_gpus": settings.replica_gpus,
+                              "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": str(ARENA_MAX)}}},
         "max_ongoing_requests": settings.max_ongoing_requests or 2 * settings.max_num_seqs,
         "max_queued_requests": (settings.max_queued_requests
                                 if settings.max_queued_requests is not None

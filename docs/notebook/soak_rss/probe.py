@@ -6,11 +6,13 @@ Every 2 s one JSON line: the process's RSS (anon and file), glibc's mallinfo2 (b
 use, free inside the heaps, mmapped), the number of malloc arenas (malloc_info's heaps),
 threads, the live KV caches' bytes (every cache the scheduler holds), the global suffix
 store's bytes and shape (outputs, live tokens, index entries, stream slots, anchor keys),
-and Python's allocated blocks. Every 10 s the line also splits the anonymous memory by
+and Python's allocated blocks, from the moment `verispec serve` sets its malloc settings
+(`fix_thresholds`). Every 10 s the line also splits the anonymous memory by
 where it lives (`maps()`): glibc's heaps (each heap's size against its resident pages),
 CPython's object arenas (from `_PyObject_DebugMallocStats`), thread stacks, libraries'
 writable data and the other anonymous maps by size; every 60 s every anonymous map goes
-to OUT.maps.jsonl, to diff the maps around a step. With PROBE_TRACEMALLOC=1, tracemalloc runs
+to OUT.maps.jsonl, to diff the maps around a step, with every thread's id and name (to
+read an strace of the server by thread). With PROBE_TRACEMALLOC=1, tracemalloc runs
 and every 60 s a line lists the 12 source lines whose Python allocations grew most since
 the first snapshot. With PROBE_TRIM=1 the probe calls malloc_trim(0) before each sample
 and times it.
@@ -26,6 +28,7 @@ import threading
 import time
 import tracemalloc
 
+import verispec.serving.malloc as malloc_module
 import verispec.serving.scheduler as scheduler_module
 from verispec.cli.main import main
 
@@ -136,6 +139,20 @@ def heap_sizes() -> list[int]:
                                       text, re.S)]
 
 
+def threads() -> dict:
+    """Every thread of the process, its id (as strace and /proc name it) to its name: the
+    Python thread's name where it is one, else the kernel's (comm)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as fh:
+                out[tid] = names.get(int(tid), fh.read().strip())
+        except OSError:  # the thread ended
+            pass
+    return out
+
+
 def live_kv_bytes() -> int:
     total = 0
     for scheduler in SCHEDULERS:
@@ -187,7 +204,7 @@ def probe(path: str, every: float = 2.0) -> None:
                 line["maps_ms"] = round(1000 * (time.perf_counter() - t0), 1)
                 if line["t"] - last_dump >= 60:
                     last_dump = line["t"]
-                    dump.write(json.dumps({"t": line["t"], "vmas": [
+                    dump.write(json.dumps({"t": line["t"], "threads": threads(), "vmas": [
                         v for v in vmas if v.get("Anonymous") or not v["name"]]}) + "\n")
                     dump.flush()
             if tracemalloc.is_tracing() and line["t"] - last_trace >= 60:
@@ -215,7 +232,17 @@ def run() -> int:
     scheduler_module.Scheduler.__init__ = recorded
     if os.environ.get("PROBE_TRACEMALLOC"):
         tracemalloc.start(4)
-    threading.Thread(target=probe, args=(out,), daemon=True).start()
+    fix_thresholds = malloc_module.fix_thresholds
+
+    def then_probe() -> bool:
+        # The probe's thread starts after the server's malloc settings, as the server's own
+        # threads do: started before them, it would own an arena that those threads then
+        # share (glibc hands a thread an existing arena once M_ARENA_MAX are made).
+        fixed = fix_thresholds()
+        threading.Thread(target=probe, args=(out,), daemon=True).start()
+        return fixed
+
+    malloc_module.fix_thresholds = then_probe
     return main(argv)
 
 
