@@ -34,7 +34,7 @@ from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from verispec.serving import ray_bridge
-from verispec.serving.malloc import ARENA_MAX
+from verispec.serving.malloc import ARENA_MAX, keep_heap_top_resident
 from verispec.serving.protocol import APIError
 from verispec.serving.ray_router import affinity_key
 
@@ -138,8 +138,6 @@ class VerispecReplica:
         """Start `keep_heap_top_resident` on the replica's loop, once: Ray Serve calls the
         app without its lifespan, which starts it in `verispec serve`."""
         if self._heap_top is None:
-            from verispec.serving.malloc import keep_heap_top_resident
-
             self._heap_top = asyncio.get_running_loop().create_task(keep_heap_top_resident())
 
     def _push(self) -> None:
