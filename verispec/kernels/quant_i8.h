@@ -163,12 +163,14 @@ constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of 
 // the first chunk's sweeps: issued all at once before a super-block, they stalled the
 // unpacking behind the load queue and the stream stopped while the VPDPBUSDs ran
 // (docs/notebook/quant_i8_kquant.md, round 3). `next` is null for later chunks.
+// Non-temporal, since each weight line is used once a step: faster than T0 from one
+// row to 16 (docs/notebook/quant_i8_kquant.md, round 7).
 template <int64_t Lines>  // per sub-block; a constant, so the requests unroll
 struct Ahead {
   const char* next = nullptr;
   VS_I8_INLINE void issue(int64_t step) const {
     if (next == nullptr) return;
-    for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_T0);
+    for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_NTA);
   }
 };
 
