@@ -159,7 +159,10 @@ void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, flo
 
 // ---- The K-quant kernels' shared pieces (both modules) ----
 
-constexpr int64_t kAheadBytes = 16 << 10;  // of the stream, requested ahead of the unpacking
+// Of the stream, requested ahead of the unpacking. With NTA requests (Ahead), 8 KiB beat 4,
+// 12, 16 and 32 at one row and matched 16 at 8 and 16 rows (docs/notebook/quant_i8_kquant.md,
+// round 7).
+constexpr int64_t kAheadBytes = 8 << 10;
 
 // The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
 // the first chunk's sweeps: issued all at once before a super-block, they stalled the
