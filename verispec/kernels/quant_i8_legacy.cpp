@@ -23,7 +23,12 @@ void sweep(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int j0,
   constexpr int64_t tb = f.tile_bytes;
   constexpr int quants = f.min ? 64 : 32;  // the quants follow the fp16 scales
   constexpr int masks = quants + 256;  // Q5: after the nibbles
-  constexpr int64_t ahead_blocks = ((16 << 10) + kGroupTiles * tb - 1) / (kGroupTiles * tb);
+  // A sweep of whole blocks (one to three rows) waits on the stream, and requests it
+  // non-temporally 8 KiB ahead; half blocks (four rows and more) keep T0 at 16 KiB, which was
+  // faster there (docs/notebook/quant_i8_kquant.md, round 7).
+  constexpr bool kWhole = T == kGroupTiles;
+  constexpr int64_t ahead_blocks = ((kWhole ? 8 << 10 : 16 << 10) + kGroupTiles * tb - 1) / (kGroupTiles * tb);
+  constexpr auto kHint = kWhole ? _MM_HINT_NTA : _MM_HINT_T0;
   const int64_t in = x.in;
   __m512 c[R][T];
   for (int r = 0; r < R; ++r) {
@@ -32,10 +37,10 @@ void sweep(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int j0,
   const __m512i low4 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* t0 = gd + (b * kGroupTiles + j0) * tb;
-    // This sweep's tiles of a block some 16 KiB ahead (whole blocks: a sweep of
-    // T < 4 tiles reads T of each block's 4).
+    // This sweep's tiles of a block ahead (whole blocks: a sweep of T < 4 tiles reads T
+    // of each block's 4).
     const char* next = reinterpret_cast<const char*>(t0 + ahead_blocks * kGroupTiles * tb);
-    for (int64_t line = 0; line < T * tb; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+    for (int64_t line = 0; line < T * tb; line += 64) _mm_prefetch(next + line, kHint);
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.q32.data() + (r0 + r) * in + b * 32;
     __m512i s[R][T];
