@@ -23,11 +23,11 @@ void sweep(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int j0,
   constexpr int64_t tb = f.tile_bytes;
   constexpr int quants = f.min ? 64 : 32;  // the quants follow the fp16 scales
   constexpr int masks = quants + 256;  // Q5: after the nibbles
-  // A sweep of whole blocks (one to three rows) waits on the stream, and requests it
-  // non-temporally 8 KiB ahead; half blocks (four rows and more) keep T0 at 16 KiB, which was
+  // A sweep of whole blocks (one to three rows) requests the stream as the K-quants do
+  // (NTA, kAheadBytes ahead); half blocks (four rows and more) keep T0 at 16 KiB, which was
   // faster there (docs/notebook/quant_i8_kquant.md, round 7).
   constexpr bool kWhole = T == kGroupTiles;
-  constexpr int64_t ahead_blocks = ((kWhole ? 8 << 10 : 16 << 10) + kGroupTiles * tb - 1) / (kGroupTiles * tb);
+  constexpr int64_t ahead_blocks = ((kWhole ? kAheadBytes : 16 << 10) + kGroupTiles * tb - 1) / (kGroupTiles * tb);
   constexpr auto kHint = kWhole ? _MM_HINT_NTA : _MM_HINT_T0;
   const int64_t in = x.in;
   __m512 c[R][T];
