@@ -65,6 +65,24 @@ targets=(llama-server llama-bench llama-quantize llama-cli)
 [ -d "$llama/examples/speculative-simple" ] && targets+=(llama-speculative-simple)
 cmake --build "$build" --config Release -j "$jobs" --target "${targets[@]}"
 
+# A build can compile and still fault on this CPU: -march=native on an AMX Xeon compiles
+# llama.cpp's AMX int8 kernels, which died with SIGILL at their first tile load on prompt
+# batches here (0.3.36; llama.cpp PR #26954). One short run on the embedded default model,
+# where it is installed, catches that before READY names the build.
+model="$(python3 -c 'from verispec.models.loading import default_gguf_path; print(default_gguf_path())' 2>/dev/null || true)"
+if [ -n "$model" ] && [ -f "$model" ]; then
+  status=0
+  "$build/bin/llama-bench" -m "$model" -p 16 -n 2 -r 1 -t 1 >"$build.smoke.log" 2>&1 || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "$build/bin/llama-bench failed on $model (exit $status; log $build.smoke.log)." >&2
+    if [ "$status" -eq 132 ] && [ "$flags" = native ]; then
+      echo "SIGILL: an instruction this build chose faults on this CPU. On AMX Xeons that is" >&2
+      echo "llama.cpp's AMX kernels; build the portable AVX-512 one: $0 --flags avx512" >&2
+    fi
+    exit 1
+  fi
+fi
+
 ready="$dir/READY"
 {
   for t in "${targets[@]}"; do

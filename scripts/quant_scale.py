@@ -82,7 +82,9 @@ def spawn_measured(cmd: list[str]) -> tuple[str, float]:
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
-        sys.exit(f"quant_scale: {' '.join(cmd[:3])}... failed ({proc.returncode}):\n{err[-2000:]}")
+        from verispec.bench.llamaserver import exit_text
+
+        sys.exit(f"quant_scale: {' '.join(cmd[:3])}... {exit_text(proc.returncode)}:\n{err[-2000:]}")
     return out, usage.ru_maxrss / 1024
 
 

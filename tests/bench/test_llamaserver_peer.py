@@ -156,6 +156,14 @@ def test_a_binary_that_cannot_start_or_exits_while_loading_is_a_clear_error(monk
         llamaserver.LlamaServer(failing, ["-m", "x.gguf"])
     assert "failed to load model 'x.gguf'" in str(failed.value)
     _no_log_left(tmp_path)
+    # Killed by SIGILL, as llama.cpp's AMX kernels die on some Xeons: the signal by name and
+    # the build that avoids it.
+    faulting = tmp_path / "faulting-server"
+    faulting.write_text("#!/bin/sh\nkill -ILL $$\n")
+    faulting.chmod(faulting.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(ValueError, match=r"exited with code -4 \(SIGILL\).*--flags avx512"):
+        llamaserver.LlamaServer(faulting, ["-m", "x.gguf"])
+    _no_log_left(tmp_path)
 
 
 def test_a_gguf_of_another_vocabulary_is_refused(tmp_path):

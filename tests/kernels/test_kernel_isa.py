@@ -84,6 +84,34 @@ def test_the_build_carries_the_amx_path():
         assert instruction in text, instruction
 
 
+def test_the_tile_configuration_is_read_only_data():
+    """LDTILECFG reads a constant, never a stack object filled just before: GCC's intrinsic
+    declares only 8 of its 64 bytes as read, so the other stores may be dropped as dead and
+    the next tile instruction faults (llama.cpp's AMX kernels, its PR #26954)."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) not installed")
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", kernels._require().__file__],
+                          capture_output=True, text=True, check=True).stdout
+    loads = [line for line in text.splitlines() if "ldtilecfg" in line]
+    assert loads and all("(%rip)" in line for line in loads), loads
+
+
+def test_the_weight_stream_hint_follows_the_cpu_vendor():
+    """The integer path requests its weights non-temporally on AMD only: on an Intel Xeon
+    NTA requests ran 1.5-3.7x slower than T0 (docs/notebook/quant_i8_kquant.md, round 8)."""
+    if kernels.i8_isa() is None:
+        assert kernels.i8_stream_hint() is None
+        return
+    vendor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("vendor_id")), "")
+    assert kernels.i8_stream_hint() == ("nta" if vendor == "AuthenticAMD" else "t0")
+    for isa in kernels.I8_ISAS:  # both modules decide alike
+        module = kernels.i8_backend(isa)
+        if module is not None:
+            assert module.quant_i8_stream_nta() == (vendor == "AuthenticAMD"), isa
+
+
 def test_each_source_tree_builds_in_its_own_folder(tmp_path, monkeypatch):
     """Two checkouts must not share a build folder: torch keys a build on its sources'
     paths, so they would rebuild it in turn and wait on each other's lock."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -113,6 +114,23 @@ def missing_reason() -> str | None:
     return None if find_tool() else f"no llama-server binary found; {BUILD_HINT}"
 
 
+def exit_text(code: int) -> str:
+    """A llama.cpp tool's exit status in words: a negative code is the signal that killed
+    it, and SIGILL says which build to make instead."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    text = f"exited with code {code} ({name})"
+    if -code == signal.SIGILL:
+        text += (": this build uses an instruction that faults on this CPU; on an AMX Xeon "
+                 "that is llama.cpp's AMX kernels: scripts/build_llama_cpp.sh --flags avx512 "
+                 "builds without them")
+    return text
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -164,7 +182,7 @@ class LlamaServer:
             if self.proc.poll() is not None:
                 tail = self._tail()
                 self.close()
-                raise ValueError(f"llama-server exited with code {self.proc.returncode} "
+                raise ValueError(f"llama-server {exit_text(self.proc.returncode)} "
                                  f"while loading:\n{tail}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
@@ -192,7 +210,7 @@ class LlamaServer:
             raise ValueError(f"llama-server {path}: HTTP {exc.code}: "
                              f"{exc.read().decode(errors='replace')[:500]}") from None
         except (urllib.error.URLError, ConnectionError) as exc:
-            state = (f"it has exited with code {self.proc.returncode}"
+            state = (f"it has {exit_text(self.proc.returncode)}"
                      if self.proc.poll() is not None else "it is still running")
             raise ValueError(f"llama-server {path}: no answer ({exc}); {state}:\n"
                              f"{self._tail()}") from None

@@ -110,6 +110,15 @@ def i8_backend(isa: str):
     return _get_vnni256() if "avx_vnni" in cpu_flags() else None
 
 
+def i8_stream_hint() -> str | None:
+    """How the integer path requests its weights ahead of use: "nta" (non-temporal) on an
+    AMD CPU, "t0" on any other (quant_i8.h, kStreamNta), None where it does not run."""
+    module = _i8_module()
+    if module is None:
+        return None
+    return "nta" if module.quant_i8_stream_nta() else "t0"
+
+
 def _i8_module():
     isa = i8_isa()
     return _get() if isa == "avx512-vnni" else _get_vnni256() if isa == "avx-vnni" else None

@@ -40,18 +40,17 @@ struct alignas(64) TileConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
   uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
-void load_config() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
+// A constant in read-only data, not a stack object filled before LDTILECFG: GCC's
+// _tile_loadconfig tells the compiler it reads only the first 8 bytes, so stores to the
+// rest of a stack copy may be dropped as dead, leaving a bad configuration and a fault
+// at the next tile instruction (llama.cpp's AMX kernels crash this way, its PR #26954).
+constexpr TileConfig kTileConfig{};
+
+void load_config() { _tile_loadconfig(&kTileConfig); }
 
 // One C tile (16 rows x 16 outputs, fp32) -> rows [0, rows) of y, outputs [0, outs).
 void store_tile(const float* c, const float* bias, int rows, int outs, uint16_t* y, int64_t ldy) {

@@ -16,6 +16,7 @@ std::vector<int64_t> quant_types();
 at::Tensor pack_quant_i8(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
                          const std::vector<int64_t>& outs, int64_t in);
 std::vector<int64_t> quant_i8_types();
+bool quant_i8_stream_nta();  // whether the integer path requests its weights NTA (quant_i8.h)
 bool is_quant_i8(const at::Tensor& packed);  // whether pack_quant_i8 made it
 // Row counts up to this take the fused quantized matmul on AVX-512 (0: never);
 // rows >= 0 sets it. Returns the value in force.

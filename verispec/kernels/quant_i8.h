@@ -159,23 +159,36 @@ void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, flo
 
 // ---- The K-quant kernels' shared pieces (both modules) ----
 
-// Of the stream, requested ahead of the unpacking. With NTA requests (Ahead), 8 KiB beat 4,
-// 12, 16 and 32 at one row and matched 16 at 8 and 16 rows (docs/notebook/quant_i8_kquant.md,
-// round 7).
+// Of the stream, requested ahead of the unpacking: 8 KiB beat 4, 12, 16 and 32 at one row
+// with NTA requests on Zen 5, and matched 16 with T0 requests on an Intel Xeon
+// (docs/notebook/quant_i8_kquant.md, rounds 7 and 8).
 constexpr int64_t kAheadBytes = 8 << 10;
+
+// How the weight stream is requested, decided once per process by the CPU's vendor. On AMD
+// (Zen 5), non-temporally (NTA), since each weight line is used once a step: faster than T0
+// there. On an Intel Xeon (Emerald Rapids) NTA requests were far slower than T0, most of all
+// on a model that T0 keeps in L3 from one step to the next; so every other CPU gets T0
+// (docs/notebook/quant_i8_kquant.md, rounds 7 and 8).
+inline const bool kStreamNta = [] {
+  __builtin_cpu_init();  // this runs among the module's constructors, maybe before libgcc's
+  return __builtin_cpu_is("amd") != 0;
+}();
 
 // The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
 // the first chunk's sweeps: issued all at once before a super-block, they stalled the
 // unpacking behind the load queue and the stream stopped while the VPDPBUSDs ran
 // (docs/notebook/quant_i8_kquant.md, round 3). `next` is null for later chunks.
-// Non-temporal, since each weight line is used once a step: faster than T0 from one
-// row to 16 (docs/notebook/quant_i8_kquant.md, round 7).
 template <int64_t Lines>  // per sub-block; a constant, so the requests unroll
 struct Ahead {
   const char* next = nullptr;
+  bool nta = kStreamNta;
   VS_I8_INLINE void issue(int64_t step) const {
     if (next == nullptr) return;
-    for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_NTA);
+    if (nta) {
+      for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_NTA);
+    } else {
+      for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_T0);
+    }
   }
 };
 

@@ -24,11 +24,11 @@ void sweep(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int j0,
   constexpr int quants = f.min ? 64 : 32;  // the quants follow the fp16 scales
   constexpr int masks = quants + 256;  // Q5: after the nibbles
   // A sweep of whole blocks (one to three rows) requests the stream as the K-quants do
-  // (NTA, kAheadBytes ahead); half blocks (four rows and more) keep T0 at 16 KiB, which was
-  // faster there (docs/notebook/quant_i8_kquant.md, round 7).
+  // (kStreamNta's hint, kAheadBytes ahead); half blocks (four rows and more) keep T0 at
+  // 16 KiB, which was faster there on Zen 5 (docs/notebook/quant_i8_kquant.md, round 7).
   constexpr bool kWhole = T == kGroupTiles;
   constexpr int64_t ahead_blocks = ((kWhole ? kAheadBytes : 16 << 10) + kGroupTiles * tb - 1) / (kGroupTiles * tb);
-  constexpr auto kHint = kWhole ? _MM_HINT_NTA : _MM_HINT_T0;
+  const bool nta = kWhole && kStreamNta;
   const int64_t in = x.in;
   __m512 c[R][T];
   for (int r = 0; r < R; ++r) {
@@ -40,7 +40,11 @@ void sweep(const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int j0,
     // This sweep's tiles of a block ahead (whole blocks: a sweep of T < 4 tiles reads T
     // of each block's 4).
     const char* next = reinterpret_cast<const char*>(t0 + ahead_blocks * kGroupTiles * tb);
-    for (int64_t line = 0; line < T * tb; line += 64) _mm_prefetch(next + line, kHint);
+    if (nta) {
+      for (int64_t line = 0; line < T * tb; line += 64) _mm_prefetch(next + line, _MM_HINT_NTA);
+    } else {
+      for (int64_t line = 0; line < T * tb; line += 64) _mm_prefetch(next + line, _MM_HINT_T0);
+    }
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = x.q32.data() + (r0 + r) * in + b * 32;
     __m512i s[R][T];

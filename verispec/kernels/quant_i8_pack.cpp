@@ -265,6 +265,8 @@ at::Tensor pack_quant_i8(const std::vector<at::Tensor>& raws, const std::vector<
 
 bool is_quant_i8(const at::Tensor& packed) { return vs::is_i8_pack(packed); }
 
+bool quant_i8_stream_nta() { return vs::i8::kStreamNta; }
+
 std::vector<int64_t> quant_i8_types() {
   int64_t count;
   const vs::i8::Format* all = vs::i8::formats(&count);
