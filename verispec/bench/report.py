@@ -284,8 +284,9 @@ def markdown(rows: Sequence[Row], sweeps: Sequence[SweepRow] = (), notes: Sequen
                      "picks the best static k by it.")
     for ref in dict.fromkeys(r.own_reference for r in rows if r.own_reference):
         names = ", ".join(dict.fromkeys(r.config for r in rows if r.own_reference == ref))
-        lines.append(f"{names}: multiply the GGUF's blocks by 8-bit quantized activations "
-                     f"(verispec: bf16 activations), so they compute another function; = plain "
+        lines.append(f"{names}: llama.cpp's own kernels on the GGUF's blocks, with 8-bit "
+                     f"activations rounded its way (verispec's quant-i8 path rounds its own, "
+                     f"its quant and dense paths keep bf16), so they compute another function; = plain "
                      f"compares them only with "
                      f"{ref}, ties judged in its own logits.")
     lines += [f"note: {n}" for n in notes]
