@@ -105,7 +105,7 @@ def test_the_weight_stream_hint_follows_the_cpu_vendor():
         return
     vendor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                    if line.startswith("vendor_id")), "")
-    assert kernels.i8_stream_hint() == ("nta" if vendor == "AuthenticAMD" else "t0")
+    assert kernels.i8_stream_hint() == ("nta" if vendor == "AuthenticAMD" else "t1")
     for isa in kernels.I8_ISAS:  # both modules decide alike
         module = kernels.i8_backend(isa)
         if module is not None:

@@ -111,12 +111,13 @@ def i8_backend(isa: str):
 
 
 def i8_stream_hint() -> str | None:
-    """How the integer path requests its weights ahead of use: "nta" (non-temporal) on an
-    AMD CPU, "t0" on any other (quant_i8.h, kStreamNta), None where it does not run."""
+    """How the integer path requests its K-quant weights ahead of use: "nta" (non-temporal)
+    on an AMD CPU, "t1" (into L2) on any other, where the 32-weight formats' one-to-three-row
+    sweeps request theirs T0 (quant_i8.h, kStreamNta); None where the path does not run."""
     module = _i8_module()
     if module is None:
         return None
-    return "nta" if module.quant_i8_stream_nta() else "t0"
+    return "nta" if module.quant_i8_stream_nta() else "t1"
 
 
 def _i8_module():

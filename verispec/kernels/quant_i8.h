@@ -167,8 +167,10 @@ constexpr int64_t kAheadBytes = 8 << 10;
 // How the weight stream is requested, decided once per process by the CPU's vendor. On AMD
 // (Zen 5), non-temporally (NTA), since each weight line is used once a step: faster than T0
 // there. On an Intel Xeon (Emerald Rapids) NTA requests were far slower than T0, most of all
-// on a model that T0 keeps in L3 from one step to the next; so every other CPU gets T0
-// (docs/notebook/quant_i8_kquant.md, rounds 7 and 8).
+// on a model that T0 keeps in L3 from one step to the next; so every other CPU requests the
+// K-quants into L2 (T1, faster than T0 there at one and eight rows) and the 32-weight
+// formats into L1 (T0, faster than T1 on the default model) (docs/notebook/quant_i8_kquant.md,
+// rounds 7 and 8).
 inline const bool kStreamNta = [] {
   __builtin_cpu_init();  // this runs among the module's constructors, maybe before libgcc's
   return __builtin_cpu_is("amd") != 0;
@@ -187,7 +189,7 @@ struct Ahead {
     if (nta) {
       for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_NTA);
     } else {
-      for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_T0);
+      for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_T1);
     }
   }
 };
