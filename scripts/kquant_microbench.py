@@ -39,13 +39,13 @@ HELPER = r"""
 #include <immintrin.h>
 #include <stdint.h>
 #include <stddef.h>
-/* XOR of every 64-byte line of p[0, bytes): a read stream, prefetched 8 KiB ahead
-   and non-temporally, as the K-quant kernels do. */
+/* XOR of every 64-byte line of p[0, bytes): a read stream, prefetched 8 KiB ahead with
+   the hint the K-quant kernels use on this CPU (STREAM_HINT, set where it is compiled). */
 uint64_t read_stream(const uint8_t* p, size_t bytes) {
   __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
   for (size_t i = 0; i + 128 <= bytes; i += 128) {
-    _mm_prefetch((const char*)p + i + 8192, _MM_HINT_NTA);
-    _mm_prefetch((const char*)p + i + 8192 + 64, _MM_HINT_NTA);
+    _mm_prefetch((const char*)p + i + 8192, STREAM_HINT);
+    _mm_prefetch((const char*)p + i + 8192 + 64, STREAM_HINT);
     a = _mm512_xor_si512(a, _mm512_loadu_si512(p + i));
     b = _mm512_xor_si512(b, _mm512_loadu_si512(p + i + 64));
   }
@@ -70,8 +70,9 @@ uint64_t add_chain(uint64_t iterations) {
 def helper() -> ctypes.CDLL:
     folder = Path(tempfile.mkdtemp(prefix="kquant-bench-"))
     (folder / "helper.c").write_text(HELPER)
-    subprocess.run(["gcc", "-O2", "-mavx512f", "-shared", "-fPIC", "-o", str(folder / "helper.so"),
-                    str(folder / "helper.c")], check=True)
+    hint = {"nta": "_MM_HINT_NTA", "t1": "_MM_HINT_T1"}.get(kernels.i8_stream_hint(), "_MM_HINT_T0")
+    subprocess.run(["gcc", "-O2", "-mavx512f", "-shared", "-fPIC", f"-DSTREAM_HINT={hint}", "-o",
+                    str(folder / "helper.so"), str(folder / "helper.c")], check=True)
     lib = ctypes.CDLL(str(folder / "helper.so"))
     lib.read_stream.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     lib.read_stream.restype = ctypes.c_uint64

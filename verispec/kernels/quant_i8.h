@@ -183,10 +183,9 @@ inline const bool kStreamNta = [] {
 template <int64_t Lines>  // per sub-block; a constant, so the requests unroll
 struct Ahead {
   const char* next = nullptr;
-  bool nta = kStreamNta;
   VS_I8_INLINE void issue(int64_t step) const {
     if (next == nullptr) return;
-    if (nta) {
+    if (kStreamNta) {
       for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_NTA);
     } else {
       for (int64_t l = 0; l < Lines; ++l) _mm_prefetch(next + 64 * (step * Lines + l), _MM_HINT_T1);

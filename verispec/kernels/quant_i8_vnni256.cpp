@@ -156,7 +156,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("quant_i8_types", &quant_i8_types, "ggml type ids pack_quant_i8 supports");
   m.def("quant_i8_stream_nta", &quant_i8_stream_nta,
-        "whether the integer path requests its weight stream non-temporally (AMD) or T0");
+        "whether the integer path requests its weight stream non-temporally (AMD CPUs)");
   m.def("is_quant_i8", &is_quant_i8, "whether a pack came from pack_quant_i8");
   m.def("embedding", &embedding_i8, "bf16 rows of an integer-path pack", py::arg("packed"), py::arg("ids"),
         py::call_guard<py::gil_scoped_release>());
