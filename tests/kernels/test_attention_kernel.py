@@ -196,3 +196,58 @@ def test_block_rows_equal_rows_alone_and_tree_rows(heads, kv_heads, head_dim):
                         assert torch.equal(tree[i], want), (threads, rows, start, r)
     finally:
         torch.set_num_threads(before)
+
+
+def _vendor() -> str:
+    from pathlib import Path
+    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("vendor_id")), "")
+
+
+def test_score_sums_follow_the_cpu_vendor():
+    """bf16 scores take VDPBF16PS's FMA spelling on every CPU but AMD's, where VDPBF16PS
+    issues slower than two FMAs (attention_blocks.h); the choice is one per process."""
+    assert kernels.attention_dots() == ("vdpbf16ps" if _vendor() == "AuthenticAMD" else "fma")
+
+
+_DOTS_CHILD = """
+import sys, torch
+from verispec import kernels
+data = torch.load(sys.argv[1])
+outs = [kernels.attend(*case) for case in data]
+torch.save({"dots": kernels.attention_dots(), "outs": outs}, sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(_vendor() == "AuthenticAMD", reason="AMD sums bf16 scores with VDPBF16PS only; the FMA "
+                                                        "spelling is not taken there, nor measured")
+def test_fma_scores_are_vdpbf16ps_bit_for_bit(tmp_path):
+    """Where the FMA spelling runs, its bits are VDPBF16PS's: the same calls in a process
+    forced to each: rows 1-16 of one request (prefix and tree rows), Gemma's soft cap and
+    head_dim 256."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    gen = torch.Generator().manual_seed(5)
+    cases = []
+    for heads, kv_heads, head_dim, softcap in [(12, 2, 128, 0.0), (9, 3, 64, 0.0), (8, 4, 256, 50.0)]:
+        caches = [torch.randn(2, kv_heads, 120, head_dim, generator=gen).bfloat16() * 3]
+        for rows in (1, 5, 16):
+            q = (torch.randn(rows, heads, head_dim, generator=gen) * 2).bfloat16()
+            row_len = torch.arange(100, 100 + rows)
+            index = torch.full((rows, 120), -1)
+            if rows > 1:
+                index[1, :101] = torch.randperm(119, generator=gen)[:101].sort().values
+            cases.append((q, caches, torch.zeros(rows, dtype=torch.long), row_len, index, 0.0, softcap))
+    torch.save(cases, tmp_path / "in.pt")
+    root = Path(__file__).resolve().parents[2]
+    got = {}
+    for dots in ("fma", "vdpbf16ps"):
+        subprocess.run([sys.executable, "-c", _DOTS_CHILD, str(tmp_path / "in.pt"), str(tmp_path / f"{dots}.pt")],
+                       check=True, cwd=root, env={**os.environ, "VERISPEC_ATTN_DOTS": dots}, timeout=300)
+        got[dots] = torch.load(tmp_path / f"{dots}.pt")
+        assert got[dots]["dots"] == dots
+    for i, (fma, vdp) in enumerate(zip(got["fma"]["outs"], got["vdpbf16ps"]["outs"])):
+        assert torch.equal(fma.view(torch.int16), vdp.view(torch.int16)), i

@@ -264,6 +264,13 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
     return _module_for(packed).linear(x, packed, out_features, bias)
 
 
+def attention_dots() -> str:
+    """How bf16 attention scores are summed in this process: "fma" (VDPBF16PS's own sequence
+    spelled as FMAs, the same bits where measured; every CPU but AMD's) or "vdpbf16ps"
+    (AMD's); VERISPEC_ATTN_DOTS overrides it (attention_blocks.h)."""
+    return _require().attention_dots()
+
+
 def attend(q: torch.Tensor, caches: list[torch.Tensor], row_cache: torch.Tensor,
            row_len: torch.Tensor, row_index: torch.Tensor | None = None, scale: float = 0.0,
            softcap: float = 0.0) -> torch.Tensor:

@@ -8,7 +8,8 @@
 // Invariant (the lossless law depends on it): every (row, kv head) pair is
 // computed by one thread in one fixed sequence: scores key by key in list order,
 // each a dot product over head_dim in 16-lane chunks in increasing order with a
-// fixed horizontal reduction; the max, the exp and the sum over a scores buffer
+// fixed horizontal reduction (bf16 chunks by VDPBF16PS or its FMA spelling, one
+// per process: attention_blocks.h); the max, the exp and the sum over a scores buffer
 // whose lane layout depends only on the key count; then values accumulated key
 // by key. So a row's bits are the same alone (plain decoding), inside a
 // verification block, inside a tree, or inside a batch of other requests, and
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "attention_blocks.h"
 #include "simd.h"
 
 namespace {
@@ -39,15 +41,9 @@ using vs::kLanes;
 using vs::load_lanes;
 using vs::store_lanes;
 using vs::exp_lanes;
+using namespace vs::attn;
 constexpr int kMaxChunks = 8;  // head_dim <= 128, or exactly 256 (Gemma 2 and 3)
-constexpr int kWideChunks = 16;
 constexpr int kMaxGroups = 16;  // query heads per key/value head
-
-struct RowKeys {
-  int64_t count;
-  const int64_t* index;  // nullptr: the prefix [0, count)
-  int64_t key(int64_t j) const { return index ? index[j] : j; }
-};
 
 // Lane i of join_halves(sum_half(a), sum_half(a + 8)) = the sum of the 16 lanes of
 // a[i]: a fixed transpose-and-add tree (in-lane unpacks, then shuffles across 128-bit
@@ -91,23 +87,15 @@ inline __m512 partial_dot(const T* q, const T* k) {
   }
 }
 
-// Scores of keys j0 .. j0 + 15 (zero past the row's last key), 8 keys at a time so
-// that 8 accumulators and the tree's temporaries stay in registers.
-template <typename T, int CH>
-inline __m512 block_scores(const T* q, const T* keys, int64_t key_stride, RowKeys seen, int64_t j0) {
-  const int64_t n = std::min<int64_t>(kLanes, seen.count - j0);
+// Scores of keys j0 .. j0 + 15, 8 keys at a time so that 8 accumulators and the tree's
+// temporaries stay in registers; dots(h, acc) gives keys j0 + 8h .. j0 + 8h + 7's 16
+// lanes of partial products (zero past the row's last key).
+template <class Dots>
+inline __m512 block_scores(Dots dots) {
   __m512 w[2];
   for (int h = 0; h < 2; ++h) {
     __m512 acc[8];
-    if (n == kLanes) {
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) acc[i] = partial_dot<T, CH>(q, keys + seen.key(j0 + 8 * h + i) * key_stride);
-    } else {
-      for (int i = 0; i < 8; ++i) {
-        acc[i] = 8 * h + i < n ? partial_dot<T, CH>(q, keys + seen.key(j0 + 8 * h + i) * key_stride)
-                               : _mm512_setzero_ps();
-      }
-    }
+    dots(h, acc);
     w[h] = sum_half(acc);
   }
   return join_halves(w[0], w[1]);
@@ -123,55 +111,27 @@ struct RowJob {
   int64_t padded;
 };
 
-// out[g] = sum_j p[g][j] v_j / sum, for GB heads at once: each value row is widened
-// once and its accumulators stay in registers; keys in order, one FMA chain a lane.
-template <typename T, int CH, int GB>
-void weigh_values(const RowJob<T>& job, int64_t g0, const T* values, int64_t key_stride) {
-  constexpr int64_t head_dim = CH * kLanes;
-  const int64_t stride = job.padded + kLanes;
-  const float* p = job.scores + g0 * stride;
-  __m512 acc[GB][CH];
-#pragma GCC unroll 4
-  for (int g = 0; g < GB; ++g) {
-#pragma GCC unroll 8
-    for (int c = 0; c < CH; ++c) acc[g][c] = _mm512_setzero_ps();
-  }
-  for (int64_t j = 0; j < job.seen.count; ++j) {
-    const T* v = values + job.seen.key(j) * key_stride;
-    __m512 vv[CH];
-#pragma GCC unroll 8
-    for (int c = 0; c < CH; ++c) vv[c] = load_lanes(v + c * kLanes);
-#pragma GCC unroll 4
-    for (int g = 0; g < GB; ++g) {
-      const __m512 pj = _mm512_set1_ps(p[g * stride + j]);
-#pragma GCC unroll 8
-      for (int c = 0; c < CH; ++c) acc[g][c] = _mm512_fmadd_ps(pj, vv[c], acc[g][c]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int g = 0; g < GB; ++g) {
-    const __m512 norm = _mm512_set1_ps(p[g * stride + job.padded]);
-#pragma GCC unroll 8
-    for (int c = 0; c < CH; ++c) store_lanes(job.out + (g0 + g) * head_dim + c * kLanes, _mm512_mul_ps(acc[g][c], norm));
-  }
-}
-
 constexpr int64_t kRowBlock = 8;  // rows of one request sharing a key sweep
 
-// A block of rows of one request against one kv head. Scores run keys-outer, so
-// a 16-key block is read once from L2 and reused from L1 by every row and head of
-// the group; each (row, head) still sees its own keys in its own fixed order,
+// A block of rows of one request against one kv head. Both sweeps run keys-outer: a
+// 16-key block is read once from L2, widened once into L1 and reused by every row and
+// head of the group; each (row, head) still sees its own keys in its own fixed order,
 // which is all the invariant needs.
 template <typename T, int CH>
 void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, float softcap,
-                 const T* keys, const T* values, int64_t key_stride, __m512* peaks) {
+                 const T* keys, const T* values, int64_t key_stride, Scratch& scratch) {
   constexpr int64_t head_dim = CH * kLanes;
+  constexpr bool kPairs = std::is_same_v<T, at::BFloat16> && CH % 2 == 0;
   const __m512 scale_v = _mm512_set1_ps(scale);
   const __m512 cap_v = _mm512_set1_ps(softcap), inv_cap_v = _mm512_set1_ps(softcap > 0 ? 1.0f / softcap : 0.0f);
   const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
-  int64_t widest = 0;
-  for (int64_t b = 0; b < count; ++b) widest = std::max(widest, jobs[b].padded);
-  for (int64_t i = 0; i < count * groups; ++i) peaks[i] = minus_inf;
+  int64_t widest = 0, prefix = 0;
+  for (int64_t b = 0; b < count; ++b) {
+    widest = std::max(widest, jobs[b].padded);
+    if (jobs[b].seen.index == nullptr) prefix = std::max(prefix, jobs[b].seen.count);
+  }
+  scratch.peaks.assign(count * groups, minus_inf);
+  __m512* peaks = scratch.peaks.data();
   auto finish = [&](int64_t b, int64_t g, int64_t j, __m512 raw) {
     const RowJob<T>& job = jobs[b];
     const int64_t valid = std::min<int64_t>(kLanes, job.seen.count - j);
@@ -181,17 +141,40 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
     _mm512_storeu_ps(job.scores + g * (job.padded + kLanes) + j, block);
     peaks[b * groups + g] = _mm512_max_ps(peaks[b * groups + g], block);
   };
+  // The FMA spelling of VDPBF16PS runs under DAZ and FTZ, VDPBF16PS's own rules: the
+  // whole score phase, and only it.
+  const bool fma = kPairs && kPairFma;
+  const unsigned csr = _mm_getcsr();
+  if (fma) _mm_setcsr(csr | 0x8040);
+  BlockKeys<kPairs, T, CH> key_block{keys, key_stride, prefix, &scratch};
   for (int64_t j = 0; j < widest; j += kLanes) {
     for (int64_t b = 0; b < count; ++b) {
       const RowJob<T>& job = jobs[b];
       if (j >= job.padded) continue;
+      const int64_t n = std::min<int64_t>(kLanes, job.seen.count - j);
+      if constexpr (kPairs) {
+        if (fma) {
+          const float(*kw)[CH][kLanes] = key_block.get(job.seen, j, n);
+          for (int64_t g = 0; g < groups; ++g) {
+            __m512 qw[CH];
+            split_pairs<CH>(job.q + g * head_dim, qw);
+            finish(b, g, j, block_scores([&](int h, __m512* acc) { pair_dots<CH>(qw, kw, h, n, acc); }));
+          }
+          continue;
+        }
+      }
       for (int64_t g = 0; g < groups; ++g) {
-        finish(b, g, j, block_scores<T, CH>(job.q + g * head_dim, keys, key_stride, job.seen, j));
+        const T* q = job.q + g * head_dim;
+        finish(b, g, j, block_scores([&](int h, __m512* acc) {
+          for (int i = 0; i < 8; ++i) {
+            acc[i] = 8 * h + i < n ? partial_dot<T, CH>(q, keys + job.seen.key(j + 8 * h + i) * key_stride)
+                                   : _mm512_setzero_ps();
+          }
+        }));
       }
     }
   }
-  // Heads per value sweep: as many as keep GB * CH accumulators in registers.
-  constexpr int kWide = CH <= 4 ? 3 : (CH <= 8 ? 2 : 1);
+  if (fma) _mm_setcsr(csr);
   for (int64_t b = 0; b < count; ++b) {
     const RowJob<T>& job = jobs[b];
     for (int64_t g = 0; g < groups; ++g) {
@@ -205,9 +188,51 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
       }
       _mm512_storeu_ps(s + job.padded, _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total)));
     }
+  }
+  // Heads per value sweep: as many as keep GB * CH accumulators in registers.
+  constexpr int kWide = CH <= 4 ? 3 : (CH <= 8 ? 2 : 1);
+  scratch.acc.resize(count * groups * head_dim);
+  // Keys [j, j + n) of row b into its accumulators, values read through value(i, c).
+  const auto weigh = [&](int64_t b, int64_t j, int64_t n, auto value) {
+    const RowJob<T>& job = jobs[b];
+    const int64_t stride = job.padded + kLanes;
+    float* acc = scratch.acc.data() + b * groups * head_dim;
     int64_t g = 0;
-    for (; g + kWide <= groups; g += kWide) weigh_values<T, CH, kWide>(job, g, values, key_stride);
-    for (; g < groups; ++g) weigh_values<T, CH, 1>(job, g, values, key_stride);
+    for (; g + kWide <= groups; g += kWide) {
+      weigh_block<CH, kWide>(job.scores + g * stride, stride, j, n, value, acc + g * head_dim, j == 0);
+    }
+    for (; g < groups; ++g) weigh_block<CH, 1>(job.scores + g * stride, stride, j, n, value, acc + g * head_dim, j == 0);
+  };
+  if (fma && count > 1) {
+    // Keys outer, each 16-value block widened once for every row. Only where the scores
+    // take the FMAs: with VDPBF16PS's scores (AMD) it was not measured on its own.
+    BlockKeys<false, T, CH> value_block{values, key_stride, prefix, &scratch};
+    for (int64_t j = 0; j < widest; j += kLanes) {
+      for (int64_t b = 0; b < count; ++b) {
+        if (j >= jobs[b].seen.count) continue;
+        const int64_t n = std::min<int64_t>(kLanes, jobs[b].seen.count - j);
+        const float(*vw)[CH][kLanes] = value_block.get(jobs[b].seen, j, n);
+        weigh(b, j, n, [&](int64_t i, int c) { return _mm512_load_ps(vw[i][c]); });
+      }
+    }
+  } else {
+    // Row by row, every key in one sweep with the accumulators in registers, each value
+    // widened as the FMAs read it.
+    for (int64_t b = 0; b < count; ++b) {
+      const RowKeys seen = jobs[b].seen;
+      weigh(b, 0, seen.count, [&](int64_t i, int c) { return load_lanes(values + seen.key(i) * key_stride + c * kLanes); });
+    }
+  }
+  for (int64_t b = 0; b < count; ++b) {
+    const RowJob<T>& job = jobs[b];
+    const float* acc = scratch.acc.data() + b * groups * head_dim;
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m512 norm = _mm512_set1_ps(job.scores[g * (job.padded + kLanes) + job.padded]);
+#pragma GCC unroll 16
+      for (int c = 0; c < CH; ++c) {
+        store_lanes(job.out + g * head_dim + c * kLanes, _mm512_mul_ps(_mm512_loadu_ps(acc + (g * CH + c) * kLanes), norm));
+      }
+    }
   }
 }
 
@@ -234,7 +259,7 @@ void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t hea
   block_start.push_back(rows);
   at::parallel_for(0, blocks * kv_heads, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores;
-    std::vector<__m512> peaks(kRowBlock * groups);
+    Scratch scratch;
     RowJob<T> jobs[kRowBlock];
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t blk = w / kv_heads, h = w % kv_heads;
@@ -254,15 +279,15 @@ void run(const T* qp, int64_t q_stride, int64_t rows, int64_t heads, int64_t hea
         next += groups * (padded + kLanes);
       }
       switch (head_dim / kLanes) {
-        case 1: attend_rows<T, 1>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 2: attend_rows<T, 2>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 3: attend_rows<T, 3>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 4: attend_rows<T, 4>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 5: attend_rows<T, 5>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 6: attend_rows<T, 6>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 7: attend_rows<T, 7>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        case 8: attend_rows<T, 8>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
-        default: attend_rows<T, kWideChunks>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), peaks.data()); break;
+        case 1: attend_rows<T, 1>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        case 2: attend_rows<T, 2>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        case 3: attend_rows<T, 3>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        case 4: attend_rows<T, 4>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        case 5: attend_rows<T, 5>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        case 6: attend_rows<T, 6>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        case 7: attend_rows<T, 7>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        case 8: attend_rows<T, 8>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
+        default: attend_rows<T, kWideChunks>(jobs, count, groups, scale, softcap, keys, keys + kv.stride(0), kv.stride(2), scratch); break;
       }
     }
   });
@@ -336,3 +361,5 @@ at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
   }
   return out;
 }
+
+std::string attention_dots() { return vs::attn::kPairFma ? "fma" : "vdpbf16ps"; }

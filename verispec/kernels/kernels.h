@@ -2,6 +2,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
 int64_t init();  // 2: AMX, 1: AVX-512-BF16, 0: neither (see gemv_bf16.cpp)
@@ -25,6 +26,8 @@ std::vector<int64_t> quant_pack_shape(const at::Tensor& packed);
 at::Tensor attend(const at::Tensor& q, const std::vector<at::Tensor>& caches,
                   const at::Tensor& row_cache, const at::Tensor& row_len,
                   const c10::optional<at::Tensor>& row_index, double scale, double softcap);
+// How bf16 attention scores are summed in this process: "fma" or "vdpbf16ps" (attention_blocks.h).
+std::string attention_dots();
 // attend for bf16 q rows `q_stride` elements apart, writing [rows, heads * head_dim] to out.
 void attend_into(const at::BFloat16* q, int64_t q_stride, int64_t rows, int64_t heads, int64_t head_dim,
                  const std::vector<at::Tensor>& caches, const at::Tensor& row_cache,
