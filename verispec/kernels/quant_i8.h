@@ -149,7 +149,7 @@ constexpr Legacy kLegacy[] = {{2, 288, 8, false, true, false},
 // Rows [r0, r0 + rows) of the 64-output group gd (its tiles [block][4]) in a
 // 32-weight format, over all `blocks`, into acc [n][4 tiles][16] (their rows);
 // rows <= kLegacyMaxRows (the driver splits more into balanced chunks).
-constexpr int kLegacyMaxRows = 6;
+constexpr int kLegacyPassRows = 8;  // the most rows a pass is compiled for
 void legacy_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, int64_t r0, int64_t rows,
                   float* acc);
 // All n rows of a K-quant group, into acc [n][4 tiles][16], which must start at 0.
@@ -164,6 +164,12 @@ void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, flo
 // (docs/notebook/quant_i8_kquant.md, rounds 7 and 8).
 constexpr int64_t kAheadBytes = 8 << 10;
 
+// The CPU's vendor, read once per process; the choices below follow it.
+inline const bool kAmd = [] {
+  __builtin_cpu_init();  // this runs among the module's constructors, maybe before libgcc's
+  return __builtin_cpu_is("amd") != 0;
+}();
+
 // How the weight stream is requested, decided once per process by the CPU's vendor. On AMD
 // (Zen 5), non-temporally (NTA), since each weight line is used once a step: faster than T0
 // there. On an Intel Xeon (Emerald Rapids) NTA requests were far slower than T0, most of all
@@ -171,10 +177,14 @@ constexpr int64_t kAheadBytes = 8 << 10;
 // K-quants into L2 (T1, faster than T0 there at one and eight rows) and the 32-weight
 // formats into L1 (T0, faster than T1 on the default model) (docs/notebook/quant_i8_kquant.md,
 // rounds 7 and 8).
-inline const bool kStreamNta = [] {
-  __builtin_cpu_init();  // this runs among the module's constructors, maybe before libgcc's
-  return __builtin_cpu_is("amd") != 0;
-}();
+inline const bool kStreamNta = kAmd;
+
+// Rows of a 32-weight group in one pass. Seven and eight take one tile at a time: on the
+// AMD EPYC that ran slower than two chunks of four (8 rows' matmuls 4.35-4.43 ms against
+// 3.86-4.18), on an Intel Xeon faster (0.87-0.91 of the default model's whole 7- and 8-row
+// forward; docs/notebook/quant_i8_kquant.md, rounds 4 and 9). So AMD takes at most six rows
+// a pass, and every other CPU eight.
+inline const int64_t kLegacyMaxRows = kAmd ? 6 : kLegacyPassRows;
 
 // The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
 // the first chunk's sweeps: issued all at once before a super-block, they stalled the
