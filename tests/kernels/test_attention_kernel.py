@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec import kernels
+from verispec.kernels.build import cpu_vendor
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="verispec kernels unavailable here")
 
@@ -198,16 +199,10 @@ def test_block_rows_equal_rows_alone_and_tree_rows(heads, kv_heads, head_dim):
         torch.set_num_threads(before)
 
 
-def _vendor() -> str:
-    from pathlib import Path
-    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("vendor_id")), "")
-
-
 def test_score_sums_follow_the_cpu_vendor():
     """bf16 scores take VDPBF16PS's FMA spelling on every CPU but AMD's, where VDPBF16PS
     issues slower than two FMAs (attention_blocks.h); the choice is one per process."""
-    assert kernels.attention_dots() == ("vdpbf16ps" if _vendor() == "AuthenticAMD" else "fma")
+    assert kernels.attention_dots() == ("vdpbf16ps" if cpu_vendor() == "AuthenticAMD" else "fma")
 
 
 _DOTS_CHILD = """
@@ -219,7 +214,7 @@ torch.save({"dots": kernels.attention_dots(), "outs": outs}, sys.argv[2])
 """
 
 
-@pytest.mark.skipif(_vendor() == "AuthenticAMD", reason="AMD sums bf16 scores with VDPBF16PS only; the FMA "
+@pytest.mark.skipif(cpu_vendor() == "AuthenticAMD", reason="AMD sums bf16 scores with VDPBF16PS only; the FMA "
                                                         "spelling is not taken there, nor measured")
 def test_fma_scores_are_vdpbf16ps_bit_for_bit(tmp_path):
     """Where the FMA spelling runs, its bits are VDPBF16PS's: the same calls in a process

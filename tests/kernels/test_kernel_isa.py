@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from verispec import kernels
-from verispec.kernels.build import cpu_flags
+from verispec.kernels.build import cpu_flags, cpu_vendor
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="kernels unavailable here")
 
@@ -103,8 +103,7 @@ def test_the_weight_stream_hint_follows_the_cpu_vendor():
     if kernels.i8_isa() is None:
         assert kernels.i8_stream_hint() is None
         return
-    vendor = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("vendor_id")), "")
+    vendor = cpu_vendor()
     assert kernels.i8_stream_hint() == ("nta" if vendor == "AuthenticAMD" else "t1")
     for isa in kernels.I8_ISAS:  # both modules decide alike
         module = kernels.i8_backend(isa)

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "matmul.h"
 #include "simd.h"
 
 namespace vs::attn {
@@ -38,8 +39,7 @@ inline const bool kPairFma = [] {
   const char* force = std::getenv("VERISPEC_ATTN_DOTS");
   if (force != nullptr && std::strcmp(force, "vdpbf16ps") == 0) return false;
   if (force != nullptr && std::strcmp(force, "fma") == 0) return true;
-  __builtin_cpu_init();  // this runs among the module's constructors, maybe before libgcc's
-  return __builtin_cpu_is("amd") == 0;
+  return !vs::kAmd;
 }();
 
 // q . k for keys 8h .. 8h + 7 of a block widened as pairs, zero from the n-th: VDPBF16PS's

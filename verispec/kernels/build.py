@@ -46,15 +46,25 @@ _VNNI256_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-mavxvnni", "-fopenmp", "
 VNNI256_REQUIRED = ("avx2", "fma", "f16c", "avx_vnni")
 
 
-def cpu_flags() -> set[str]:
+def _cpuinfo(field: str) -> str:
+    """The first /proc/cpuinfo line's value for `field`, or "" where there is none."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if line.startswith(field):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    return set(_cpuinfo("flags").split())
+
+
+def cpu_vendor() -> str:
+    """"AuthenticAMD", "GenuineIntel", ...: the kernels make some choices by it."""
+    return _cpuinfo("vendor_id")
 
 
 def build_dir(sources: Path = _HERE, module: str = "") -> Path:

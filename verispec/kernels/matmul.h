@@ -28,6 +28,13 @@ enum class Isa : int { none = 0, avx512 = 1, amx = 2 };
 // all products of one process follow one per-element summation order.
 Isa isa();
 
+// The CPU's vendor, read once per process: some kernel choices follow it (quant_i8.h,
+// attention_blocks.h).
+inline const bool kAmd = [] {
+  __builtin_cpu_init();  // this runs among the module's constructors, maybe before libgcc's
+  return __builtin_cpu_is("amd") != 0;
+}();
+
 // The packed bf16 weights of group g, k tiles [kt0, kt0 + count), laid out as
 // [count][4][16][32]: a pointer into a dense pack, or `buf` after dequantizing.
 using ChunkFn = std::function<const uint16_t*(int64_t g, int64_t kt0, int64_t count, uint16_t* buf)>;

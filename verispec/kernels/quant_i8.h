@@ -164,12 +164,6 @@ void k_group(int64_t type, const uint8_t* gd, int64_t blocks, const Rows& x, flo
 // (docs/notebook/quant_i8_kquant.md, rounds 7 and 8).
 constexpr int64_t kAheadBytes = 8 << 10;
 
-// The CPU's vendor, read once per process; the choices below follow it.
-inline const bool kAmd = [] {
-  __builtin_cpu_init();  // this runs among the module's constructors, maybe before libgcc's
-  return __builtin_cpu_is("amd") != 0;
-}();
-
 // How the weight stream is requested, decided once per process by the CPU's vendor. On AMD
 // (Zen 5), non-temporally (NTA), since each weight line is used once a step: faster than T0
 // there. On an Intel Xeon (Emerald Rapids) NTA requests were far slower than T0, most of all
