@@ -193,15 +193,16 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
   constexpr int kWide = CH <= 4 ? 3 : (CH <= 8 ? 2 : 1);
   scratch.acc.resize(count * groups * head_dim);
   // Keys [j, j + n) of row b into its accumulators, values read through value(i, c).
-  const auto weigh = [&](int64_t b, int64_t j, int64_t n, auto value) {
+  const auto weigh = [&](int64_t b, int64_t j, int64_t n, auto widened, auto value) {
+    constexpr bool kWidened = decltype(widened)::value;
     const RowJob<T>& job = jobs[b];
     const int64_t stride = job.padded + kLanes;
     float* acc = scratch.acc.data() + b * groups * head_dim;
     int64_t g = 0;
     for (; g + kWide <= groups; g += kWide) {
-      weigh_block<CH, kWide>(job.scores + g * stride, stride, j, n, value, acc + g * head_dim, j == 0);
+      weigh_block<CH, kWide, kWidened>(job.scores + g * stride, stride, j, n, value, acc + g * head_dim, j == 0);
     }
-    for (; g < groups; ++g) weigh_block<CH, 1>(job.scores + g * stride, stride, j, n, value, acc + g * head_dim, j == 0);
+    for (; g < groups; ++g) weigh_block<CH, 1, kWidened>(job.scores + g * stride, stride, j, n, value, acc + g * head_dim, j == 0);
   };
   if (fma && count > 1) {
     // Keys outer, each 16-value block widened once for every row. Only where the scores
@@ -212,7 +213,7 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
         if (j >= jobs[b].seen.count) continue;
         const int64_t n = std::min<int64_t>(kLanes, jobs[b].seen.count - j);
         const float(*vw)[CH][kLanes] = value_block.get(jobs[b].seen, j, n);
-        weigh(b, j, n, [&](int64_t i, int c) { return _mm512_load_ps(vw[i][c]); });
+        weigh(b, j, n, std::true_type(), [&](int64_t i, int c) { return _mm512_load_ps(vw[i][c]); });
       }
     }
   } else {
@@ -220,7 +221,7 @@ void attend_rows(RowJob<T>* jobs, int64_t count, int64_t groups, float scale, fl
     // widened as the FMAs read it.
     for (int64_t b = 0; b < count; ++b) {
       const RowKeys seen = jobs[b].seen;
-      weigh(b, 0, seen.count, [&](int64_t i, int c) { return load_lanes(values + seen.key(i) * key_stride + c * kLanes); });
+      weigh(b, 0, seen.count, std::false_type(), [&](int64_t i, int c) { return load_lanes(values + seen.key(i) * key_stride + c * kLanes); });
     }
   }
   for (int64_t b = 0; b < count; ++b) {

@@ -132,8 +132,13 @@ struct BlockKeys {
 };
 
 // acc[g] (+)= sum over keys j0 .. j0 + n - 1 of p[g][j] v_j for GB heads: key by key in
-// order, one FMA chain a lane, the accumulators in registers for the block.
-template <int CH, int GB, class Value>
+// order, one FMA chain a lane, the accumulators in registers for the block. kWidened: the
+// values come from a widened block in L1, and each chunk is loaded once for the GB heads;
+// left to itself the compiler folded it into every head's FMA, and the loads, not the
+// FMAs, set the pace: 0.92-0.97 of the kernel's time at 8 rows with it. The row-by-row
+// sweep widens as it reads, where that order measured 1-3% slower at one row
+// (docs/notebook/attention_rows.md, round 5). The FMAs and their order are the same.
+template <int CH, int GB, bool kWidened, class Value>
 inline void weigh_block(const float* p, int64_t stride, int64_t j0, int64_t n, Value v, float* acc, bool first) {
   __m512 a[GB][CH];
 #pragma GCC unroll 4
@@ -142,11 +147,24 @@ inline void weigh_block(const float* p, int64_t stride, int64_t j0, int64_t n, V
     for (int c = 0; c < CH; ++c) a[g][c] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (g * CH + c) * kLanes);
   }
   for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kWidened) {
+      __m512 pj[GB];
 #pragma GCC unroll 4
-    for (int g = 0; g < GB; ++g) {
-      const __m512 pj = _mm512_set1_ps(p[g * stride + j0 + i]);
+      for (int g = 0; g < GB; ++g) pj[g] = _mm512_set1_ps(p[g * stride + j0 + i]);
 #pragma GCC unroll 16
-      for (int c = 0; c < CH; ++c) a[g][c] = _mm512_fmadd_ps(pj, v(i, c), a[g][c]);
+      for (int c = 0; c < CH; ++c) {
+        __m512 value = v(i, c);
+        asm("" : "+v"(value));  // a register operand for every head: one load
+#pragma GCC unroll 4
+        for (int g = 0; g < GB; ++g) a[g][c] = _mm512_fmadd_ps(pj[g], value, a[g][c]);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int g = 0; g < GB; ++g) {
+        const __m512 pj = _mm512_set1_ps(p[g * stride + j0 + i]);
+#pragma GCC unroll 16
+        for (int c = 0; c < CH; ++c) a[g][c] = _mm512_fmadd_ps(pj, v(i, c), a[g][c]);
+      }
     }
   }
 #pragma GCC unroll 4
