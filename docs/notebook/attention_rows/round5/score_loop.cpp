@@ -19,6 +19,8 @@ inline __m512 sum_half(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
 }
 inline __m512 join_halves(__m512 w0, __m512 w1) { return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD)); }
+// kTree: the kernel's transpose-and-add tree; else a plain add chain over the accumulators.
+template <bool kTree>
 __attribute__((noinline)) void head_block(int hq, int j) {
   __m512 qw[CH];
   for (int c = 0; c < CH; ++c) qw[c] = _mm512_load_ps(qs[hq][c]);
@@ -31,25 +33,14 @@ __attribute__((noinline)) void head_block(int hq, int j) {
     for (int c = 0; c < CH; ++c)
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) acc[i] = _mm512_fmadd_ps(qw[c], _mm512_load_ps(kw[8 * h + i][c]), acc[i]);
-    w[h] = sum_half(acc);
+    if constexpr (kTree) {
+      w[h] = sum_half(acc);
+    } else {
+      w[h] = acc[0];
+      for (int i = 1; i < 8; ++i) w[h] = _mm512_add_ps(w[h], acc[i]);
+    }
   }
-  _mm512_store_ps(scores[hq] + j, join_halves(w[0], w[1]));
-}
-__attribute__((noinline)) void head_block_fma_only(int hq, int j) {
-  __m512 qw[CH];
-  for (int c = 0; c < CH; ++c) qw[c] = _mm512_load_ps(qs[hq][c]);
-  __m512 w = _mm512_setzero_ps();
-  for (int h = 0; h < 2; ++h) {
-    __m512 acc[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-    for (int c = 0; c < CH; ++c)
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) acc[i] = _mm512_fmadd_ps(qw[c], _mm512_load_ps(kw[8 * h + i][c]), acc[i]);
-    for (int i = 0; i < 8; ++i) w = _mm512_add_ps(w, acc[i]);
-  }
-  _mm512_store_ps(scores[hq] + j, w);
+  _mm512_store_ps(scores[hq] + j, kTree ? join_halves(w[0], w[1]) : _mm512_add_ps(w[0], w[1]));
 }
 int main() {
   for (int i = 0; i < 16; ++i) for (int c = 0; c < CH; ++c) for (int l = 0; l < 16; ++l) kw[i][c][l] = 0.01f * (i - c + l);
@@ -57,7 +48,7 @@ int main() {
   const long N = 2000000; volatile long sink;
   double chain = best([&] { long x = 3; for (long i = 0; i < N; ++i) asm volatile("imul %0, %0\n imul %0, %0\n imul %0, %0\n imul %0, %0" : "+r"(x)); sink = x; }) / (12.0 * N);
   const int calls = 100000;
-  double t = best([&] { for (int k = 0; k < calls; ++k) head_block(k % 48, (k / 48 % 16) * 16); }) / calls;
-  double f = best([&] { for (int k = 0; k < calls; ++k) head_block_fma_only(k % 48, (k / 48 % 16) * 16); }) / calls;
+  double t = best([&] { for (int k = 0; k < calls; ++k) head_block<true>(k % 48, (k / 48 % 16) * 16); }) / calls;
+  double f = best([&] { for (int k = 0; k < calls; ++k) head_block<false>(k % 48, (k / 48 % 16) * 16); }) / calls;
   printf("clock %.2f GHz; one head x 16 keys: %.1f cycles with the tree, %.1f with a plain add chain (128 FMAs: 64 at 2 a cycle)\n", 1e-9 / chain, t / chain, f / chain);
 }
