@@ -5,6 +5,11 @@ query and the keys it sees, never on the other rows, the requests sharing the
 call, or the thread count."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -220,11 +225,6 @@ def test_fma_scores_are_vdpbf16ps_bit_for_bit(tmp_path):
     """Where the FMA spelling runs, its bits are VDPBF16PS's: the same calls in a process
     forced to each: rows 1-16 of one request (prefix and tree rows), Gemma's soft cap and
     head_dim 256."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     gen = torch.Generator().manual_seed(5)
     cases = []
     for heads, kv_heads, head_dim, softcap in [(12, 2, 128, 0.0), (9, 3, 64, 0.0), (8, 4, 256, 50.0)]:

@@ -30,9 +30,9 @@ struct RowKeys {
 
 // How bf16 scores are summed, decided once per process, so a row's bits never depend on
 // which ran: VDPBF16PS, or its spelling as FMAs (pair_dots), which gives the same bits on
-// an Intel Xeon (64 million random lanes, docs/notebook/attention_rows.md). VDPBF16PS
-// issued once per 2.4 cycles there against two FMAs a cycle, and one widened key serves
-// every row and head of a block, so every CPU but AMD's takes the FMAs; AMD keeps
+// an Intel Xeon (docs/notebook/attention_rows.md, round 3). VDPBF16PS issued at under
+// half the FMAs' rate there, and one widened key serves every row and head of a block,
+// so every CPU but AMD's takes the FMAs; AMD keeps
 // VDPBF16PS, neither timed nor compared against the FMAs on its cores.
 // VERISPEC_ATTN_DOTS=vdpbf16ps or fma overrides the choice (for tests).
 inline const bool kPairFma = [] {
@@ -135,9 +135,9 @@ struct BlockKeys {
 // order, one FMA chain a lane, the accumulators in registers for the block. kWidened: the
 // values come from a widened block in L1, and each chunk is loaded once for the GB heads;
 // left to itself the compiler folded it into every head's FMA, and the loads, not the
-// FMAs, set the pace: 0.92-0.97 of the kernel's time at 8 rows with it. The row-by-row
-// sweep widens as it reads, where that order measured 1-3% slower at one row
-// (docs/notebook/attention_rows.md, round 5). The FMAs and their order are the same.
+// FMAs, set the pace. The row-by-row sweep widens as it reads, and that order measured
+// slower there at one row (docs/notebook/attention_rows.md, round 5). Either way the
+// FMAs and their order are the same.
 template <int CH, int GB, bool kWidened, class Value>
 inline void weigh_block(const float* p, int64_t stride, int64_t j0, int64_t n, Value v, float* acc, bool first) {
   __m512 a[GB][CH];

@@ -174,10 +174,9 @@ constexpr int64_t kAheadBytes = 8 << 10;
 inline const bool kStreamNta = kAmd;
 
 // Rows of a 32-weight group in one pass. Seven and eight take one tile at a time: on the
-// AMD EPYC that ran slower than two chunks of four (8 rows' matmuls 4.35-4.43 ms against
-// 3.86-4.18), on an Intel Xeon faster (0.87-0.91 of the default model's whole 7- and 8-row
-// forward; docs/notebook/quant_i8_kquant.md, rounds 4 and 9). So AMD takes at most six rows
-// a pass, and every other CPU eight.
+// AMD EPYC that ran slower than two chunks of four, on an Intel Xeon faster
+// (docs/notebook/quant_i8_kquant.md, rounds 4 and 9). So AMD takes at most six rows a
+// pass, and every other CPU eight.
 inline const int64_t kLegacyMaxRows = kAmd ? 6 : kLegacyPassRows;
 
 // The prefetches of the super-block kAheadBytes ahead, spread over the sub-blocks of
