@@ -79,7 +79,8 @@ def tiny():
 
 # The slow tier is chosen by what a test uses, not by hand: a test whose fixtures,
 # directly or through other fixtures, include one of these is marked `slow`.
-# `pytest -m "not slow"` is the fast tier for the development loop; CI runs both.
+# `pytest -m "not slow" -n 2` is the fast tier for the development loop, one xdist worker
+# per core (its tests run one torch thread each); CI runs both tiers in one process.
 SLOW_FIXTURES = {
     "default_model": "the real default model",
     "default_engine": "the real default model",
