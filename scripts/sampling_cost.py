@@ -1,8 +1,10 @@
 """The host-side cost of sampled decoding per verified row, at the default model's
-vocabulary: temperature + top_p by a full sort (the previous code) against the
-top-m selection (`sampling.top_p_keep`), and one draw by torch.multinomial against
-`sampling.sample`'s inversion. Rows: the default model's own logits over the last
-positions of one prompt per workload, so the nucleus sizes are real ones.
+vocabulary: temperature + top_p by a full sort (the first code), by the top-m selection
+in torch calls (`sampling.torch_probs`, the path off CPU) and natively
+(`sampling.logits_to_probs` on CPU, kernels/sampling.cpp); one draw by torch.multinomial,
+by the inversion in torch calls (`sampling.torch_draw`) and natively (`sampling.sample`).
+Rows: the default model's own logits over the last positions of one prompt per
+workload, so the nucleus sizes are real ones.
 
     OMP_NUM_THREADS=1 python scripts/sampling_cost.py [--rows 100] [--repeats 3]
 """
@@ -14,10 +16,11 @@ import time
 
 import torch
 
+from verispec import kernels
 from verispec.api import Engine
 from verispec.bench.workloads import load_workload
 from verispec.config import SamplingParams
-from verispec.step.sampling import logits_to_probs, make_generator, sample
+from verispec.step.sampling import logits_to_probs, make_generator, sample, torch_draw, torch_probs
 
 
 def sorted_top_p(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--top-k", type=int, default=0, help="top_k with top_p (0: off)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     engine = Engine()
@@ -58,22 +62,27 @@ def main() -> None:
                                     num_logits=min(args.rows, len(ids)))
         real.append(out.logits[-args.rows:])
     rows = torch.cat(real)  # [rows, vocab]
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     sizes = logits_to_probs(rows, params).gt(0).sum(-1).float()
     probs = logits_to_probs(rows[:100], params)
     tempered = SamplingParams(temperature=args.temperature)
     gen = make_generator(0)
     n = args.repeats
+    uniforms = torch.rand(1, generator=gen, dtype=torch.float64)
     costs = {
-        "temperature only": per_row_ms(lambda r: logits_to_probs(r, tempered), rows, n),
-        "top_p, full sort (before)": per_row_ms(lambda r: sorted_top_p(r, params), rows, n),
-        "top_p, top-m selection (now)": per_row_ms(lambda r: logits_to_probs(r, params), rows, n),
-        "one draw, torch.multinomial (before)":
-            per_row_ms(lambda p: torch.multinomial(p, 1, generator=gen), probs, n),
-        "one draw, inversion (now)": per_row_ms(lambda p: sample(p, gen), probs, n),
+        "temperature only, torch calls": per_row_ms(lambda r: torch_probs(r, tempered), rows, n),
+        "temperature only, native": per_row_ms(lambda r: logits_to_probs(r, tempered), rows, n),
+        **({} if args.top_k else {  # the first code had no top_k
+            "top_p, full sort (first code)": per_row_ms(lambda r: sorted_top_p(r, params), rows, n)}),
+        "top_p, top-m selection in torch calls": per_row_ms(lambda r: torch_probs(r, params), rows, n),
+        "top_p, native": per_row_ms(lambda r: logits_to_probs(r, params), rows, n),
+        "one draw, torch.multinomial": per_row_ms(lambda p: torch.multinomial(p, 1, generator=gen), probs, n),
+        "one draw, inversion in torch calls": per_row_ms(lambda p: torch_draw(p[None], uniforms), probs, n),
+        "one draw, native": per_row_ms(lambda p: sample(p, gen), probs, n),
     }
+    print(f"native kernels: {'yes' if kernels.available() else 'no (the native rows are the torch path)'}")
     print(f"{len(rows)} rows of the default model (vocab {rows.shape[-1]}), T={args.temperature}, "
-          f"top_p={args.top_p}; nucleus size median {sizes.median():.0f}, "
+          f"top_p={args.top_p}, top_k={args.top_k}; nucleus size median {sizes.median():.0f}, "
           f"90th percentile {sizes.quantile(0.9):.0f}, max {sizes.max():.0f}")
     print("| step | ms per row |\n|---|---|")
     for name, ms in costs.items():

@@ -9,7 +9,7 @@ import torch
 
 from verispec.config import SamplingParams
 from verispec.step import sampling
-from verispec.step.sampling import logits_to_probs, top_p_keep
+from verispec.step.sampling import top_p_keep, torch_probs
 
 VOCAB = 49152  # the default model's vocabulary
 
@@ -112,14 +112,14 @@ def test_equals_the_previous_sort_of_logits():
             assert old[row].sum() > 1000 and (keep[row] != old[row]).sum() == 1
 
 
-def test_logits_to_probs_is_the_sort_references_distribution():
+def test_torch_probs_is_the_sort_references_distribution():
     gen = torch.Generator().manual_seed(3)
     logits = rows("mixed", 12, gen)
     for params in (SamplingParams(temperature=0.7, top_p=0.9),
                    SamplingParams(temperature=1.0, top_p=0.8, top_k=40),
                    SamplingParams(temperature=0.7, top_p=0.95, min_p=0.05),
                    SamplingParams(temperature=1.3, top_p=0.999)):
-        probs = logits_to_probs(logits, params)  # [12, vocab]
+        probs = torch_probs(logits, params)  # [12, vocab]
         tempered = logits / params.temperature
         if params.min_p:
             tempered_probs = tempered.softmax(-1)

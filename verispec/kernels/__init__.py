@@ -21,8 +21,9 @@ stays off, so the models take their eager path), VERISPEC_I8_ISA=avx512-vnni
 keeps the integer path off the 256-bit module.
 `attend(q, caches, row_cache, row_len, row_index)` is attention whose
 result for a row depends only on that row's query and visible keys (see
-attention.cpp). `available()` says whether the kernel can be used; when it is False callers
-must take their ordinary path.
+attention.cpp). `sampling_probs` and `sampling_draw` are sampled decoding's per-token
+host work (sampling.cpp). `available()` says whether the kernel can be used; when it is False
+callers must take their ordinary path.
 """
 from __future__ import annotations
 
@@ -229,6 +230,21 @@ def suffix_lookup(context, tokens, offset: int, live: int, heads: list[int], cha
     chain tokens, probabilities)])."""
     return _require().suffix_lookup(context, tokens, offset, live, heads, chains, anchors, query,
                                     recent, store_recent, k, caps, min_prob, stop, tried)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, min_p: float, top_k: int,
+                   top_p: float) -> torch.Tensor | None:
+    """float32 [rows, vocab] logits -> [rows, vocab] probabilities under the rules of
+    verispec.step.sampling.torch_probs (temperature > 0), or None where a row holds a NaN
+    or no finite logit."""
+    return _require().sampling_probs(logits.contiguous(), float(temperature), float(min_p), int(top_k),
+                                     float(top_p))
+
+
+def sampling_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of float32 [rows, vocab] probabilities (not necessarily
+    normalized) for float64 uniforms [rows]: sampling.sample's inversion, the same token."""
+    return _require().sampling_draw(probs.contiguous(), uniforms.contiguous())
 
 
 def is_quantized(packed: torch.Tensor) -> bool:

@@ -96,6 +96,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("weights"), py::arg("dims"), py::arg("eps"), py::arg("scale"), py::arg("softcap"),
         py::arg("cos"), py::arg("sin"), py::arg("caches"), py::arg("row_cache"), py::arg("row_slot"),
         py::arg("row_len"), py::arg("row_index") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("sampling_probs", &sampling_probs,
+        "float32 [rows, vocab] logits -> probabilities under temperature, min_p, top_k and top_p, "
+        "or None where a row holds a NaN or no finite logit",
+        py::arg("logits"), py::arg("temperature"), py::arg("min_p"), py::arg("top_k"), py::arg("top_p"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sampling_draw", &sampling_draw, "one token per row of float32 [rows, vocab] by inversion of float64 uniforms",
+        py::arg("probs"), py::arg("uniforms"), py::call_guard<py::gil_scoped_release>());
   m.def("suffix_lookup", &suffix_lookup_py,
         "suffix decoding's lookups, (context's, store's or None), each (longest match, "
         "[(match length, chain tokens, probabilities)])",

@@ -2,7 +2,8 @@
 AVX-512-BF16 in gemv_avx512.cpp, GGUF block formats in quant*.cpp, their
 integer path on AVX-512-VNNI in quant_i8*.cpp; the
 row-invariant attention in attention.cpp; the fused decoder layers in layer.cpp and gemma_layer.cpp;
-suffix decoding's lookup in suffix.cpp)
+suffix decoding's lookup in suffix.cpp; sampling's softmax, top-k/top-p and
+draw in sampling.cpp)
 once per machine.
 
 One build serves both instruction sets: AMX code runs only where init() found
@@ -32,7 +33,8 @@ _HERE = Path(__file__).parent
 _SOURCES = [_HERE / name for name in ("bindings.cpp", "gemv_bf16.cpp", "gemv_avx512.cpp", "quant.cpp",
                                       "quant_formats.cpp", "quant_fused.cpp", "quant_i8.cpp", "quant_i8_pack.cpp",
                                       "quant_i8_legacy.cpp", "quant_i8_k.cpp", "quant_stack.cpp",
-                                      "attention.cpp", "layer.cpp", "gemma_layer.cpp", "suffix.cpp")]
+                                      "attention.cpp", "layer.cpp", "gemma_layer.cpp", "suffix.cpp",
+                                      "sampling.cpp")]
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-mavx512bf16",
           "-fopenmp"]
 _REQUIRED = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")

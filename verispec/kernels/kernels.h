@@ -44,6 +44,12 @@ at::Tensor gemma_layer(const at::Tensor& x, const std::vector<at::Tensor>& weigh
                        const at::Tensor& cos, const at::Tensor& sin, const std::vector<at::Tensor>& caches,
                        const at::Tensor& row_cache, const at::Tensor& row_slot, const at::Tensor& row_len,
                        const c10::optional<at::Tensor>& row_index);
+// Sampling's host work on CPU (sampling.cpp): a row's probabilities under temperature,
+// min_p, top_k and top_p (nullopt where a row holds a NaN or no finite logit), and one
+// draw per row by inversion of uniforms [rows] float64.
+c10::optional<at::Tensor> sampling_probs(const at::Tensor& logits, double temperature, double min_p,
+                                         int64_t top_k, double top_p);
+at::Tensor sampling_draw(const at::Tensor& probs, const at::Tensor& uniforms);
 // Suffix decoding's lookup over one token stream and its anchor chains (suffix.cpp).
 struct SuffixChain {
   int64_t match_length;

@@ -7,6 +7,7 @@ import random
 
 import torch
 
+from verispec import kernels
 from verispec.config import SamplingParams
 
 
@@ -39,13 +40,27 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     the processed ones (verispec.step.processors) wherever a request has processors.
 
     Greedy (temperature 0) gives a one-hot on the argmax, which makes the
-    sampling verifier degenerate exactly into the greedy one.
+    sampling verifier degenerate exactly into the greedy one. On CPU with the
+    native kernels the rules of `torch_probs` run in one call (kernels/sampling.cpp):
+    the same kept tokens but where a float sum rounds across a boundary, and
+    probabilities equal to float32 rounding (tests/test_sampling_kernel.py).
     """
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(
             logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    logits = logits / params.temperature
+    if logits.device.type == "cpu" and kernels.available():
+        rows = logits.reshape(-1, logits.shape[-1])
+        probs = kernels.sampling_probs(rows, params.temperature, params.min_p, params.top_k, params.top_p)
+        if probs is not None:
+            return probs.reshape(logits.shape)
+    return torch_probs(logits, params)
+
+
+def torch_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`logits_to_probs` for temperature > 0 in torch calls: the path on a GPU, without
+    the native kernels, and where a row holds a NaN or no finite logit."""
+    logits = logits.float() / params.temperature
     if params.min_p > 0:
         # vLLM v1's order: min_p on the tempered distribution, before top-k / top-p.
         probs = logits.softmax(-1)
@@ -144,12 +159,22 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     CPU kernel costs several times a whole decode step's sampling work at a 49k
     vocabulary (docs/notebook/sampling.md). A token of zero mass is never drawn: the
     cumulative sum does not rise across it, and `right=True` skips ties."""
-    flat = probs.reshape(-1, probs.shape[-1]).to(torch.float64)  # [rows, vocab]
+    rows = probs.reshape(-1, probs.shape[-1])  # [rows, vocab]
+    uniforms = torch.rand(rows.shape[0], generator=generator, dtype=torch.float64,
+                          device=generator.device).to(rows.device, non_blocking=True)  # [rows]
+    if rows.device.type == "cpu" and rows.dtype == torch.float32 and kernels.available():
+        # The same sums in the same order, zeros skipped: the same token, in one pass.
+        return kernels.sampling_draw(rows, uniforms).reshape(probs.shape[:-1])
+    return torch_draw(rows, uniforms).reshape(probs.shape[:-1])
+
+
+def torch_draw(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """`sample`'s inversion in torch calls, for [rows, vocab] probabilities and float64
+    uniforms [rows]: the path on a GPU and without the native kernels."""
+    flat = rows.to(torch.float64)  # [rows, vocab]
     cumulative = flat.cumsum(-1)  # [rows, vocab]
     total = cumulative[:, -1:]  # [rows, 1]
-    uniforms = torch.rand(flat.shape[0], 1, generator=generator, dtype=torch.float64,
-                          device=generator.device).to(flat.device, non_blocking=True)
-    drawn = torch.searchsorted(cumulative, uniforms * total, right=True).squeeze(-1)  # [rows]
+    drawn = torch.searchsorted(cumulative, uniforms[:, None] * total, right=True).squeeze(-1)  # [rows]
     # u * total rounds up to total only when u is within 2^-53 of 1: the last token
     # of positive mass is then the inverse's answer.
     over = drawn >= flat.shape[-1]
@@ -157,4 +182,4 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     if flat.device.type != "cpu" or bool(over.any()):
         last = flat.shape[-1] - 1 - (flat.flip(-1) > 0).int().argmax(-1)
         drawn = torch.where(over, last, drawn)
-    return drawn.reshape(probs.shape[:-1])
+    return drawn
