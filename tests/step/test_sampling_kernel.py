@@ -125,6 +125,13 @@ def test_a_row_with_no_finite_logit_or_a_nan_takes_the_torch_path():
     assert torch.equal(logits_to_probs(bad, PARAMS[1]).isnan(), torch_probs(bad, PARAMS[1]).isnan())
 
 
+def test_logits_that_need_a_gradient_keep_the_torch_path():
+    logits = torch.randn(2, 50, requires_grad=True)
+    probs = logits_to_probs(logits, PARAMS[1])
+    assert probs.grad_fn is not None
+    torch.testing.assert_close(probs, torch_probs(logits, PARAMS[1]))
+
+
 def test_draws_equal_the_torch_inversion_for_the_same_uniforms():
     gen = torch.Generator().manual_seed(11)
     logits = torch.cat([rows("peaked", 4, VOCAB, gen), rows("flat", 2, VOCAB, gen)])  # [6, vocab]

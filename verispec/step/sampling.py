@@ -42,14 +42,15 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     Greedy (temperature 0) gives a one-hot on the argmax, which makes the
     sampling verifier degenerate exactly into the greedy one. On CPU with the
     native kernels the rules of `torch_probs` run in one call (kernels/sampling.cpp):
-    the same kept tokens but where a float sum rounds across a boundary, and
-    probabilities equal to float32 rounding (tests/test_sampling_kernel.py).
+    its nucleus sums run in float64, where torch's in float32 drop a sliver of a
+    nucleus of thousands, and its probabilities are torch's to float32 rounding
+    (tests/step/test_sampling_kernel.py).
     """
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(
             logits.argmax(-1), logits.shape[-1]).to(torch.float32)
-    if logits.device.type == "cpu" and kernels.available():
+    if logits.device.type == "cpu" and not logits.requires_grad and kernels.available():
         rows = logits.reshape(-1, logits.shape[-1])
         probs = kernels.sampling_probs(rows, params.temperature, params.min_p, params.top_k, params.top_p)
         if probs is not None:
@@ -59,7 +60,8 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 def torch_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """`logits_to_probs` for temperature > 0 in torch calls: the path on a GPU, without
-    the native kernels, and where a row holds a NaN or no finite logit."""
+    the native kernels, for logits that need a gradient, and where a row holds a NaN or
+    no finite logit."""
     logits = logits.float() / params.temperature
     if params.min_p > 0:
         # vLLM v1's order: min_p on the tempered distribution, before top-k / top-p.
