@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -46,37 +46,37 @@ inline __mmask16 lanes_at(int64_t i, int64_t size) {
 // peaked row's nucleus only when the nucleus is hundreds of tokens wide.
 constexpr float kFirstCut = 0x1p-10f;
 
-// The tokens whose weight reaches `cut`, in index order.
-void collect(const float* weights, int64_t size, float cut, std::vector<int32_t>& index) {
+// The tokens whose lanes `pick(i, lanes)` sets, for the 16-wide steps at i, in index order.
+template <class Pick>
+void collect(int64_t size, std::vector<int32_t>& index, Pick pick) {
   index.resize(size);
   int64_t n = 0;
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t i = 0; i < size; i += kLanes) {
-    const __mmask16 m = lanes_at(i, size);
-    const __mmask16 in = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, weights + i), _mm512_set1_ps(cut),
-                                                 _CMP_GE_OQ);
+    const __mmask16 in = pick(i, lanes_at(i, size));
     _mm512_mask_compressstoreu_epi32(index.data() + n, in, _mm512_add_epi32(lane, _mm512_set1_epi32(i)));
     n += __builtin_popcount(in);
   }
   index.resize(n);
 }
 
-// The tokens top_k keeps that have weight: logit at least the k-th largest among the
-// tokens of positive weight (ties included), or all of them where fewer than k have
-// weight. A min-heap of the k largest, fed only the lanes above its least.
-void collect_top_k(const float* logits, const float* weights, int64_t size, int64_t k, std::vector<float>& heap,
-                   std::vector<int32_t>& index) {
+// The lanes of weights at i that reach `cut`.
+inline __mmask16 reach(const float* weights, int64_t i, __mmask16 m, float cut) {
+  return _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, weights + i), _mm512_set1_ps(cut), _CMP_GE_OQ);
+}
+
+// The k-th largest logit among the tokens of positive weight, or -inf where fewer than k
+// have weight: a min-heap of the k largest, fed only the lanes above its least.
+float kth_logit(const float* logits, const float* weights, int64_t size, int64_t k, std::vector<float>& heap) {
   heap.clear();
   float least = kNegInf;
   for (int64_t i = 0; i < size; i += kLanes) {
     const __mmask16 m = lanes_at(i, size);
-    const __m512 l = _mm512_maskz_loadu_ps(m, logits + i);
-    __mmask16 in = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, weights + i), _mm512_setzero_ps(), _CMP_GT_OQ);
-    in &= _mm512_cmp_ps_mask(l, _mm512_set1_ps(least), _CMP_GT_OQ);
+    __mmask16 in = reach(weights, i, m, std::numeric_limits<float>::denorm_min());
+    in &= _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(m, logits + i), _mm512_set1_ps(least), _CMP_GT_OQ);
     while (in) {
-      const int j = __builtin_ctz(in);
+      const float value = logits[i + __builtin_ctz(in)];
       in &= in - 1;
-      const float value = logits[i + j];
       if (static_cast<int64_t>(heap.size()) == k) {
         if (!(value > heap.front())) continue;
         std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
@@ -88,19 +88,7 @@ void collect_top_k(const float* logits, const float* weights, int64_t size, int6
       if (static_cast<int64_t>(heap.size()) == k) least = heap.front();
     }
   }
-  const float kth = static_cast<int64_t>(heap.size()) == k ? heap.front() : kNegInf;
-  index.resize(size);
-  int64_t n = 0;
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t i = 0; i < size; i += kLanes) {
-    const __mmask16 m = lanes_at(i, size);
-    const __m512 l = _mm512_maskz_loadu_ps(m, logits + i);
-    const __mmask16 in = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, weights + i), _mm512_setzero_ps(),
-                                                 _CMP_GT_OQ) & _mm512_cmp_ps_mask(l, _mm512_set1_ps(kth), _CMP_GE_OQ);
-    _mm512_mask_compressstoreu_epi32(index.data() + n, in, _mm512_add_epi32(lane, _mm512_set1_epi32(i)));
-    n += __builtin_popcount(in);
-  }
-  index.resize(n);
+  return static_cast<int64_t>(heap.size()) == k ? heap.front() : kNegInf;
 }
 
 // One row: logits -> probabilities in `out`. False where the row holds a NaN or no
@@ -119,7 +107,8 @@ bool probs_row(const float* logits, int64_t size, const Rules& rules, float* out
 
   // Weights exp((x - top) / T) into `out` (the top one is exactly 1), cut by min_p (a
   // probability under min_p times the top one's is a weight under min_p), and their total.
-  const __m512 scale = _mm512_set1_ps(1.0f / rules.temperature), shift = _mm512_set1_ps(top), floor = _mm512_set1_ps(rules.min_p);
+  const __m512 scale = _mm512_set1_ps(1.0f / rules.temperature), shift = _mm512_set1_ps(top);
+  const __m512 floor = _mm512_set1_ps(rules.min_p);
   __m512d total_lo = _mm512_setzero_pd(), total_hi = _mm512_setzero_pd();
   for (int64_t i = 0; i < size; i += kLanes) {
     const __mmask16 m = lanes_at(i, size);
@@ -150,11 +139,16 @@ bool probs_row(const float* logits, int64_t size, const Rules& rules, float* out
   // rounding (every token outside then has that mass before it); the last resort is
   // every token of positive weight.
   if (by_k) {
-    collect_top_k(logits, out, size, rules.top_k, heap, index);
+    // Ties with the k-th logit are kept, as torch's `logits < kth` drop keeps them.
+    const __m512 kth = _mm512_set1_ps(kth_logit(logits, out, size, rules.top_k, heap));
+    collect(size, index, [&](int64_t i, __mmask16 m) {
+      return reach(out, i, m, std::numeric_limits<float>::denorm_min()) &
+             _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(m, logits + i), kth, _CMP_GE_OQ);
+    });
   } else {
     for (float cut = kFirstCut;; cut *= 0x1p-4f) {
       if (cut < 0x1p-126f) cut = std::numeric_limits<float>::denorm_min();
-      collect(out, size, cut, index);
+      collect(size, index, [&](int64_t i, __mmask16 m) { return reach(out, i, m, cut); });
       double mass = 0.0;
       for (const int32_t i : index) mass += out[i];
       if (mass >= rules.top_p * total * (1.0 + 1e-6) || cut == std::numeric_limits<float>::denorm_min()) break;
@@ -200,38 +194,19 @@ bool probs_row(const float* logits, int64_t size, const Rules& rules, float* out
 // zeros, which would add nothing, so every partial sum, and the token, is the same.
 int64_t draw_row(const float* probs, int64_t size, double uniform, std::vector<int32_t>& index,
                  std::vector<double>& cumulative) {
-  int64_t count = 0;
-  for (int64_t i = 0; i < size; i += kLanes) {
-    const __mmask16 m = lanes_at(i, size);
-    count += __builtin_popcount(_mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, probs + i),
-                                                        _mm512_setzero_ps(), _CMP_NEQ_UQ));
-  }
-  const bool dense = count > size / 8;
-  index.resize(dense ? 0 : count);
-  cumulative.resize(dense ? size : count);
-  double running = 0.0;
-  if (dense) {
-    for (int64_t i = 0; i < size; ++i) cumulative[i] = running += static_cast<double>(probs[i]);
-  } else {
-    int64_t n = 0;
-    for (int64_t i = 0; i < size; i += kLanes) {
-      const __mmask16 m = lanes_at(i, size);
-      __mmask16 nonzero = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, probs + i), _mm512_setzero_ps(),
-                                                  _CMP_NEQ_UQ);
-      while (nonzero) {
-        const int j = __builtin_ctz(nonzero);
-        running += static_cast<double>(probs[i + j]);
-        index[n] = static_cast<int32_t>(i + j);
-        cumulative[n++] = running;
-        nonzero &= nonzero - 1;
-      }
-    }
-  }
+  collect(size, index, [&](int64_t i, __mmask16 m) {
+    return _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, probs + i), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+  });
+  const bool dense = static_cast<int64_t>(index.size()) > size / 8;
+  const int64_t count = dense ? size : static_cast<int64_t>(index.size());
   const auto position = [&](int64_t j) { return dense ? j : static_cast<int64_t>(index[j]); };
+  cumulative.resize(count);
+  double running = 0.0;
+  for (int64_t j = 0; j < count; ++j) cumulative[j] = running += static_cast<double>(probs[position(j)]);
   const double target = uniform * running;
   const auto first = std::upper_bound(cumulative.begin(), cumulative.end(), target);
   if (first != cumulative.end()) return position(first - cumulative.begin());
-  for (int64_t j = static_cast<int64_t>(cumulative.size()) - 1; j >= 0; --j) {
+  for (int64_t j = count - 1; j >= 0; --j) {
     if (probs[position(j)] > 0) return position(j);
   }
   return size - 1;
