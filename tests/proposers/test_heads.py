@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_target
 from heads_support import random_head, tiny_prompts, tiny_settings, trained
 
-from verispec import Engine, SamplingParams, SpecConfig
+from verispec import Engine, SamplingParams, SpecConfig, kernels
 from verispec.proposers.base import DraftContext
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.heads import bind, build_module, load_head, read_head
@@ -104,6 +104,7 @@ def test_init_fine_tunes_from_a_head_and_keeps_its_draft_vocabulary(root, tiny, 
                                              init=trained(root, tiny, "eagle").folder))
 
 
+@pytest.mark.skipif(not kernels.available(), reason="the batched decoder needs the native kernels")
 def test_continuous_batching_answers_like_one_by_one(tiny, tiny_native, tmp_path):
     """The batched decoder (native: forward_batch, slots refilled as requests
     finish) writes the same greedy responses as the engine run per prompt."""
