@@ -1,5 +1,5 @@
-# A loop of n-row forwards of the default model on the integer path at context 256, for perf.
-# python loop.py ROWS SECONDS
+# A loop of n-row forwards on the integer path at context 256, for perf: the default model, or
+# the GGUF file MODEL. python loop.py ROWS SECONDS [MODEL]
 import sys
 import time
 
@@ -9,7 +9,7 @@ from verispec.models.loading import load_target
 
 torch.set_num_threads(1)
 rows, secs = int(sys.argv[1]), float(sys.argv[2])
-target = load_target(None, weights="quant-i8").target
+target = load_target(sys.argv[3] if len(sys.argv) > 3 else None, weights="quant-i8").target
 ctx = 256
 ids = [1000 + (i * 7919) % 30000 for i in range(ctx + 64)]
 cache = target.new_cache()
