@@ -164,25 +164,25 @@ bool probs_row(const float* logits, int64_t size, const Rules& rules, float* out
     return a.logit > b.logit || (a.logit == b.logit && a.index < b.index);
   });
 
+  // kept_total ends as the kept tokens' sum in their sorted order: top_k's candidates
+  // whole, or top_p's running sum where its rule stops.
   size_t kept = candidates.size();
-  double kept_total = total;
+  double kept_total = 0.0;
   if (by_k) {
-    kept_total = 0.0;
     for (const Candidate& c : candidates) kept_total += c.weight;
   }
   if (by_p) {
     // A token is dropped once the mass strictly before it reaches top_p; the first is kept.
-    const double limit = rules.top_p * kept_total;
+    const double limit = rules.top_p * (by_k ? kept_total : total);
     double before = candidates[0].weight;
     size_t j = 1;
     while (j < kept && before < limit) before += candidates[j++].weight;
     kept = j;
+    kept_total = before;
   }
-  double final_total = 0.0;
-  for (size_t j = 0; j < kept; ++j) final_total += candidates[j].weight;
   std::memset(out, 0, sizeof(float) * size);
   for (size_t j = 0; j < kept; ++j) {
-    out[candidates[j].index] = static_cast<float>(candidates[j].weight / final_total);
+    out[candidates[j].index] = static_cast<float>(candidates[j].weight / kept_total);
   }
   return true;
 }
