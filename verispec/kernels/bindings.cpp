@@ -82,7 +82,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_shape", &quant_pack_shape, "[out, in] of a quantized pack");
   m.def("linear", &linear, "bf16 x @ W.T (+ bias) from a packed W (dense or quantized); row-invariant",
         py::arg("x"), py::arg("packed"), py::arg("out"), py::arg("bias") = py::none(),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("float_out") = false, py::call_guard<py::gil_scoped_release>());
   m.def("attention_dots", &attention_dots, "how bf16 attention scores are summed here: fma or vdpbf16ps");
   m.def("attend", &attend, "row-invariant attention of query rows against per-request caches",
         py::arg("q"), py::arg("caches"), py::arg("row_cache"), py::arg("row_len"),

@@ -35,9 +35,9 @@ _SOURCES = [_HERE / name for name in ("bindings.cpp", "gemv_bf16.cpp", "gemv_avx
                                       "quant_i8_legacy.cpp", "quant_i8_k.cpp", "quant_stack.cpp",
                                       "attention.cpp", "layer.cpp", "gemma_layer.cpp", "suffix.cpp",
                                       "sampling.cpp")]
-_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-mavx512bf16",
+_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mamx-tile", "-mamx-bf16", "-mavx512bf16",
           "-fopenmp"]
-_REQUIRED = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+_REQUIRED = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
 ISA_NAMES = {1: "avx512-bf16", 2: "amx"}
 _VNNI256_SOURCES = [_HERE / name for name in ("quant_i8_vnni256.cpp", "quant_i8_vnni256_legacy.cpp",
                                               "quant_i8_vnni256_k.cpp", "quant_i8_pack.cpp", "quant_stack.cpp")]

@@ -52,14 +52,14 @@ constexpr TileConfig kTileConfig{};
 
 void load_config() { _tile_loadconfig(&kTileConfig); }
 
-// One C tile (16 rows x 16 outputs, fp32) -> rows [0, rows) of y, outputs [0, outs).
-void store_tile(const float* c, const float* bias, int rows, int outs, uint16_t* y, int64_t ldy) {
+// One C tile (16 rows x 16 outputs, fp32) -> rows [0, rows) of y (or yf), outputs [0, outs).
+void store_tile(const float* c, const float* bias, int rows, int outs, uint16_t* y, float* yf, int64_t ldy) {
   const __mmask16 mask = (__mmask16)((1u << outs) - 1);
   const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
   for (int r = 0; r < rows; ++r) {
     __m512 v = _mm512_load_ps(c + r * kTileOut);
     if (bias) v = _mm512_add_ps(v, b);
-    _mm256_mask_storeu_epi16(y + r * ldy, mask, narrow_bf16(v));
+    store_outputs(y ? y + r * ldy : nullptr, yf + r * ldy, mask, v);
   }
 }
 
@@ -119,7 +119,7 @@ void matmul_amx(const MatmulArgs& a, const ChunkFn& chunk) {
           const int64_t o = g * kGroupOut + j * kTileOut;
           const int outs = (int)std::min<int64_t>(kTileOut, a.out - o);
           store_tile(cbuf + j * kTileRows * kTileOut, a.bias ? a.bias + o : nullptr, rows, outs,
-                     a.y + c * kTileRows * a.out + o, a.out);
+                     a.y ? a.y + c * kTileRows * a.out + o : nullptr, a.yf + c * kTileRows * a.out + o, a.out);
         }
       }
     }
@@ -189,7 +189,7 @@ int64_t quant_fused_rows(int64_t rows) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
-                  const c10::optional<at::Tensor>& bias) {
+                  const c10::optional<at::Tensor>& bias, bool float_out) {
   TORCH_CHECK(vs::isa() != vs::Isa::none, "linear: kernels not initialised (init() first)");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "linear: bf16 x [n, in]");
   const int64_t n = x.size(0), in = x.size(1);
@@ -216,8 +216,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
     TORCH_CHECK(bias->numel() == out, "linear: bias size mismatch");
     bias_f = bias->to(at::kFloat).contiguous();
   }
-  at::Tensor y = at::empty({n, out}, x.options());
+  at::Tensor y = at::empty({n, out}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
   if (n == 0 || out == 0) return y;
+  uint16_t* y16 = float_out ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  float* yf = float_out ? y.data_ptr<float>() : nullptr;
   if (i8) {
     vs::matmul_i8(x, packed, bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, y);
     return y;
@@ -232,8 +234,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
   const int64_t group_bytes = k_tiles * kStepElems * 2;
   vs::MatmulArgs args{xa.data(), ldx, n, out, groups, k_tiles,
                       bias_f.defined() ? bias_f.data_ptr<float>() : nullptr,
-                      reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), 0,
-                      std::max<int64_t>(1, (256 << 10) / group_bytes)};
+                      y16, 0, std::max<int64_t>(1, (256 << 10) / group_bytes), yf};
   vs::ChunkFn chunk;
   if (quant) {
     chunk = vs::quant_chunks(packed);

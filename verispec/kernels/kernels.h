@@ -7,8 +7,9 @@
 
 int64_t init();  // 2: AMX, 1: AVX-512-BF16, 0: neither (see gemv_bf16.cpp)
 at::Tensor pack(const at::Tensor& weight);
+// float_out: float32 y holding the bf16-rounded values (the logits), else bf16 y.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
-                  const c10::optional<at::Tensor>& bias);
+                  const c10::optional<at::Tensor>& bias, bool float_out = false);
 at::Tensor pack_quant(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
                       const std::vector<int64_t>& outs, int64_t in);
 at::Tensor embedding(const at::Tensor& packed, const at::Tensor& ids);

@@ -48,15 +48,19 @@ struct MatmulArgs {
   // into a buffer and wants spans of this many k tiles (the AMX driver asks for all).
   int64_t chunk_tiles;
   int64_t grain;  // groups per parallel task, at least
+  float* yf = nullptr;  // where y is null: [n, out] float32 holding the bf16-rounded values
 };
 
 // Every y[r, o] is one fp32 accumulator from 0, advanced over k pairs in
 // increasing order (one VDPBF16PS / TDPBF16PS step per pair), + bias, rounded
-// once to bf16: the bits depend only on x[r, :], W[o, :], bias[o].
+// once to bf16: the bits depend only on x[r, :], W[o, :], bias[o] and the process's
+// isa(). The two instructions sum a pair differently (VDPBF16PS: the odd product, then
+// the even one, each rounded), so a few outputs in ten thousand differ between the
+// paths (tests/kernels/test_kernel_isa.py); a process never mixes them.
 void matmul_avx512(const MatmulArgs& args, const ChunkFn& chunk);
 void matmul_amx(const MatmulArgs& args, const ChunkFn& chunk);
 
-// Rounds and stores group g's accumulators acc [n][4 tiles][16] (+ bias) into y.
+// Rounds and stores group g's accumulators acc [n][4 tiles][16] (+ bias) into y (or yf).
 void store_group(const MatmulArgs& args, int64_t g, const float* acc);
 
 // Quantized packs (quant.cpp): a uint8 tensor with a header.
@@ -85,7 +89,8 @@ void matmul_quant_fused(const MatmulArgs& args, const at::Tensor& packed);
 // per 32-block, exact int32 block sums; row-invariant, but not the bf16 path's bits.
 bool is_i8_pack(const at::Tensor& packed);
 void i8_shape(const at::Tensor& packed, int64_t* out, int64_t* in);
-// y [n, out] = x [n, in] (bf16) times an i8 pack, + bias [out] where not null.
+// y [n, out] = x [n, in] (bf16) times an i8 pack, + bias [out] where not null; y is bf16, or
+// float32 holding the bf16-rounded values.
 void matmul_i8(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& y);
 // Rows id[0..n) of an i8 pack (ids the caller checked), in bf16, into yp [n, in].
 void embedding_i8(const at::Tensor& packed, const int64_t* id, int64_t n, at::BFloat16* yp);

@@ -53,8 +53,10 @@ void matmul_i8(const at::Tensor& x, const at::Tensor& packed, const float* bias,
   const at::Tensor xc = x.contiguous();
   const i8::Rows rows = i8::quantize_rows(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()), n, in,
                                           v.head->per32, v.head->per256);
+  const bool wide = y.scalar_type() == at::kFloat;
   MatmulArgs args{nullptr, in, n, out, v.head->groups, in / kTileK, bias,
-                  reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), 0, 0};
+                  wide ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), 0, 0,
+                  wide ? y.data_ptr<float>() : nullptr};
   // A thread's share should stream >= ~256 KiB, else wake-up costs dominate.
   const i8::Format* first = i8::find(v.type[0]);
   const int64_t group_bytes = in / first->block * kGroupTiles * first->tile_bytes;

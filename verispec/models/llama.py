@@ -304,7 +304,7 @@ class NativeLlama(BatchedRows, TargetModel):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, hidden] -> [rows, vocab] float32 logits."""
         head = self.weights.lm_head
-        return (head(x) if head.row_invariant else self._linear(head, x)).float()
+        return head.logits(x) if head.row_invariant else self._linear(head, x).float()
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # F.rms_norm upcasts to float32 internally and rounds once, which is HF's

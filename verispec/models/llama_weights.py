@@ -79,6 +79,12 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """self(x).float(): the same values, written as float32 by the kernel where it runs."""
+        if self.kernel and x.dtype == torch.bfloat16 and x.dim() == 2:
+            return kernels.linear_float(x, self.weight, self.out_features, self.bias)
+        return self(x).float()
+
 
 class StackedLinear:
     """Several Linears over the same input whose outputs are concatenated: a fused
@@ -105,6 +111,9 @@ class StackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x).float()
 
 
 class Embedding:
