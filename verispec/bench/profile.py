@@ -115,7 +115,10 @@ def _native_weight_bytes(weights) -> int:
                     *linear(layer.gate_up), *linear(layer.down)]
         if layer.qk_norm is not None:
             tensors.append(layer.qk_norm)
-    seen = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}
+    # Shared tensors count once. oneDNN's packed weights (the dense path without verispec's
+    # kernels) have no storage to point at; each is its own.
+    seen = {(t.data_ptr() if t.layout == torch.strided else id(t)): t.numel() * t.element_size()
+            for t in tensors}
     return sum(seen.values())
 
 

@@ -129,13 +129,12 @@ def convert_gguf(gguf: Path, quiet: bool = False) -> Path:
                          "transformers' GGUF conversion drops; run it on the native backend "
                          "(--backend native, with --weights quant or dense)")
     from safetensors.torch import save_model
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if not quiet:
         print(f"verispec: converting {gguf.name} to dense weights once, "
               f"cached in {target}", file=sys.stderr)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    ask_bos_as_llama_cpp(tokenizer, metadata)
+    tokenizer = _read_gguf_tokenizer(gguf, metadata)
     config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     _as_llama_cpp_reads(config, metadata)
     model = AutoModelForCausalLM.from_pretrained(
@@ -213,12 +212,30 @@ def gguf_source(source: str | None) -> Path | None:
     return path if path.is_file() and path.suffix == ".gguf" else None
 
 
+def _read_gguf_tokenizer(gguf: Path, metadata: dict):
+    """transformers' tokenizer for the file, asking for BOS as llama.cpp does; a
+    vocabulary it cannot convert is the file's one-line GGUFError."""
+    from transformers import AutoTokenizer
+
+    from verispec.models.gguf_file import GGUFError
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (KeyError, ValueError, TypeError, IndexError) as err:
+        # transformers' GGUF conversion indexes the vocabulary fields directly, so a
+        # file missing one (tokenizer.ggml.scores, merges) fails deep inside it.
+        raise GGUFError(f"{gguf.name}: its tokenizer cannot be built from the file's "
+                        f"metadata ({type(err).__name__}: {err})") from None
+    ask_bos_as_llama_cpp(tokenizer, metadata)
+    return tokenizer
+
+
 def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None):
     """The file's own tokenizer and chat template, built by transformers once and
     cached as tokenizer.json (a few MB); None for a file without a vocabulary."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    from verispec.models.gguf_file import GGUFError, GGUFFile
+    from verispec.models.gguf_file import GGUFFile
 
     folder = cache_root() / "tokenizers" / _gguf_cache_dir(gguf).name
     if not (folder / "tokenizer.json").exists():
@@ -228,14 +245,7 @@ def gguf_tokenizer(gguf: Path, quiet: bool = False, metadata: dict | None = None
         if not quiet:
             print(f"verispec: reading {gguf.name}'s tokenizer once, cached in {folder}",
                   file=sys.stderr)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        except (KeyError, ValueError, TypeError, IndexError) as err:
-            # transformers' GGUF conversion indexes the vocabulary fields directly, so a
-            # file missing one (tokenizer.ggml.scores, merges) fails deep inside it.
-            raise GGUFError(f"{gguf.name}: its tokenizer cannot be built from the file's "
-                            f"metadata ({type(err).__name__}: {err})") from None
-        ask_bos_as_llama_cpp(tokenizer, metadata)
+        tokenizer = _read_gguf_tokenizer(gguf, metadata)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=folder.parent))
         tokenizer.save_pretrained(str(tmp))
