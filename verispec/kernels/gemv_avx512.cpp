@@ -102,7 +102,7 @@ void store_group(const MatmulArgs& a, int64_t g, const float* acc) {
     for (int64_t r = 0; r < n; ++r) {
       __m512 v = _mm512_loadu_ps(acc + r * kGroupOut + j * kTileOut);
       if (bias) v = _mm512_add_ps(v, b);  // never + 0: that would turn -0 into +0
-      store_outputs(y ? y + r * out + o : nullptr, yf + r * out + o, mask, v);
+      store_outputs(y, yf, r * out + o, mask, v);
     }
   }
 }

@@ -52,14 +52,16 @@ constexpr TileConfig kTileConfig{};
 
 void load_config() { _tile_loadconfig(&kTileConfig); }
 
-// One C tile (16 rows x 16 outputs, fp32) -> rows [0, rows) of y (or yf), outputs [0, outs).
-void store_tile(const float* c, const float* bias, int rows, int outs, uint16_t* y, float* yf, int64_t ldy) {
+// One C tile (16 rows x 16 outputs, fp32) -> rows [0, rows) of y (or yf) from element `at`,
+// outputs [0, outs).
+void store_tile(const float* c, const float* bias, int rows, int outs, uint16_t* y, float* yf, int64_t at,
+                int64_t ldy) {
   const __mmask16 mask = (__mmask16)((1u << outs) - 1);
   const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
   for (int r = 0; r < rows; ++r) {
     __m512 v = _mm512_load_ps(c + r * kTileOut);
     if (bias) v = _mm512_add_ps(v, b);
-    store_outputs(y ? y + r * ldy : nullptr, yf + r * ldy, mask, v);
+    store_outputs(y, yf, at + r * ldy, mask, v);
   }
 }
 
@@ -119,7 +121,7 @@ void matmul_amx(const MatmulArgs& a, const ChunkFn& chunk) {
           const int64_t o = g * kGroupOut + j * kTileOut;
           const int outs = (int)std::min<int64_t>(kTileOut, a.out - o);
           store_tile(cbuf + j * kTileRows * kTileOut, a.bias ? a.bias + o : nullptr, rows, outs,
-                     a.y ? a.y + c * kTileRows * a.out + o : nullptr, a.yf + c * kTileRows * a.out + o, a.out);
+                     a.y, a.yf, c * kTileRows * a.out + o, a.out);
         }
       }
     }
@@ -218,12 +220,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out,
   }
   at::Tensor y = at::empty({n, out}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
   if (n == 0 || out == 0) return y;
-  uint16_t* y16 = float_out ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  float* yf = float_out ? y.data_ptr<float>() : nullptr;
   if (i8) {
     vs::matmul_i8(x, packed, bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, y);
     return y;
   }
+  uint16_t* y16 = float_out ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  float* yf = float_out ? y.data_ptr<float>() : nullptr;
   // x as zero-padded 16-row chunks, [chunks * 16, k_tiles * 32]: whole A tiles.
   const int64_t chunks = (n + kTileRows - 1) / kTileRows, ldx = k_tiles * kTileK;
   std::vector<uint16_t> xa(chunks * kTileRows * ldx, 0);

@@ -82,15 +82,15 @@ inline __m256i narrow_bf16(__m512 v) {
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
 }
 
-// Up to 16 outputs rounded to bf16 by narrow_bf16, stored as bf16 bits at y, or (y null)
-// as those values in float32 at yf: what .float() of the bf16 output holds, without a
-// second pass over a wide output (the logits).
-inline void store_outputs(uint16_t* y, float* yf, __mmask16 m, __m512 v) {
+// Up to 16 outputs rounded to bf16 by narrow_bf16, stored at element `at` as bf16 bits in
+// y, or (y null) as those values in float32 in yf: what .float() of the bf16 output holds,
+// without a second pass over a wide output (the logits).
+inline void store_outputs(uint16_t* y, float* yf, int64_t at, __mmask16 m, __m512 v) {
   const __m256i bits = narrow_bf16(v);
   if (y != nullptr) {
-    _mm256_mask_storeu_epi16(y, m, bits);
+    _mm256_mask_storeu_epi16(y + at, m, bits);
   } else {
-    _mm512_mask_storeu_ps(yf, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+    _mm512_mask_storeu_ps(yf + at, m, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
   }
 }
 
